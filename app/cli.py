@@ -1,0 +1,55 @@
+"""The `sketchwalk` command line: one subcommand per module, registered here.
+
+Each command module exposes `register(subparsers)`, which adds its parser and sets `func`
+(args -> exit code). Errors a user can fix surface as one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from sketchwalk.errors import SketchWalkError
+
+COMMAND_MODULES = (
+    "sketchwalk.app.cmd_run",
+    "sketchwalk.app.cmd_store",
+    "sketchwalk.app.cmd_bench",
+    "sketchwalk.app.cmd_eval",
+    "sketchwalk.app.cmd_app",
+    "sketchwalk.app.cmd_worker",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sketchwalk", description="Sketch&Walk sparse attention: run, store, explore."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # command not built yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("sketchwalk: interrupted", file=sys.stderr)
+        return 130
+    except SketchWalkError as exc:
+        print(f"sketchwalk: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Exact block attention mass and the metrics that compare estimates and selections against it.
+
+This is the ground truth the explorer shows beside the sketch: it needs the full softmax, so it
+costs as much as dense attention and is only computed when recording (see Recorder limits).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def exact_block_mass(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scale: float,
+    block_size: int,
+    key_valid: torch.Tensor,
+    groups: int = 1,
+    budget_elems: int = 1 << 25,
+) -> torch.Tensor:
+    """True softmax mass per key block, [B, groups, nq, nk], averaged over heads and real queries.
+
+    q [B, H, Lq, d] are the last Lq positions of k [B, Hkv, Lk, d]; key_valid [B, Lk] marks real
+    keys. Row i is query block i (rows [i*b, (i+1)*b) of q). Query chunks keep memory bounded.
+    """
+    bsz, h, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    b = block_size
+    nk, nq = -(-lk // b), -(-lq // b)
+    offset = lk - lq
+    kpos = torch.arange(lk, device=q.device)
+    chunk = max(b, (budget_elems // max(h * lk * bsz, 1)) // b * b)
+    qv = key_valid[:, offset:].float()  # [B, Lq] real queries
+    out = torch.zeros(bsz, groups, nq, nk, device=q.device)
+    kf = k.float()
+    for s in range(0, lq, chunk):
+        e = min(lq, s + chunk)
+        qc = q[:, :, s:e].float().view(bsz, hkv, h // hkv, e - s, d)
+        scores = (qc @ kf.unsqueeze(2).transpose(-1, -2)) * scale  # [B,Hkv,Gh,c,Lk]
+        visible = kpos[None, :] <= torch.arange(s, e, device=q.device)[:, None] + offset
+        visible = visible[None] & key_valid[:, None, :].bool()  # [B,c,Lk]
+        scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        probs = torch.nn.functional.pad(probs, (0, nk * b - lk))
+        mass = probs.view(bsz, hkv, h // hkv, e - s, nk, b).sum(-1)  # [B,Hkv,Gh,c,nk]
+        mass = mass.reshape(bsz, groups, -1, e - s, nk).mean(2)  # [B,G,c,nk]
+        mass = mass * qv[:, None, s:e, None]
+        rows = torch.arange(s, e, device=q.device) // b
+        out.index_add_(2, rows, mass)
+    counts = torch.nn.functional.pad(qv, (0, nq * b - lq)).view(bsz, nq, b).sum(-1)
+    return out / counts.clamp(min=1.0)[:, None, :, None]
+
+
+def tv_distance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Total-variation distance between distributions along the last dim."""
+    return 0.5 * (p - q).abs().sum(-1)
+
+
+def mass_recall(exact: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+    """Share of true attention mass that falls in the selected blocks, per row."""
+    return (exact * selected.to(exact.dtype)).sum(-1)
+
+
+def row_mean(values: torch.Tensor, rows: torch.Tensor) -> float:
+    """Mean of per-row values over the rows that hold real queries."""
+    w = rows.to(values.dtype)
+    return float((values * w).sum() / w.sum().clamp(min=1.0))

@@ -1,0 +1,258 @@
+"""Sketch -> walk -> select for one layer: the block plan the kernels execute.
+
+Pure functions of tensors and the config; the per-sequence state (previous walk, decode state)
+is passed in and returned, never kept here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .blockstats import exact_block_mass
+from .config import SketchWalkConfig
+from .select import BlockSelection, select_blocks
+from .sketch import (
+    SRHT,
+    aggregate_heads,
+    block_logits,
+    block_means,
+    block_pool,
+    causal_block_softmax,
+)
+from .walk import walk, walk_row
+
+
+class StageTimer:
+    """Wall-clock per stage in ms; synchronises CUDA so GPU stages are not under-counted."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.ms: dict[str, float] = {}
+
+    def run(self, stage: str, fn: Callable[[], object]):
+        if self.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.ms[stage] = self.ms.get(stage, 0.0) + (time.perf_counter() - t0) * 1e3
+        return out
+
+
+@dataclass
+class SketchedBlocks:
+    """Sketched block sums of queries and keys: what decode keeps to grow A_l token by token."""
+
+    q_sum: torch.Tensor  # [B, H, n, r]
+    q_count: torch.Tensor  # [B, n]
+    k_sum: torch.Tensor  # [B, Hkv, n, r]
+    k_count: torch.Tensor  # [B, n]
+
+
+@dataclass
+class Plan:
+    """What one layer decided: its estimate, walk scores and the kept blocks."""
+
+    a: torch.Tensor | None  # [B, G, n, n] block transition estimate
+    w: torch.Tensor | None  # [B, G, n, n] walk scores (None when the method uses none)
+    selection: BlockSelection | None
+    sketched: SketchedBlocks | None
+    exact: torch.Tensor | None = None  # [B, G, n, n] when computed
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def key_span(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and one-past-last real position per sequence from a [B, L] validity mask."""
+    length = valid.shape[1]
+    pos = torch.arange(length, device=valid.device)
+    start = torch.where(valid, pos, length).min(dim=1).values
+    end = torch.where(valid, pos + 1, 0).max(dim=1).values
+    return start, end
+
+
+def sketch_blocks(
+    q: torch.Tensor, k: torch.Tensor, srht: SRHT, block_size: int, valid: torch.Tensor
+) -> SketchedBlocks:
+    """Pool q, k [B, H(kv), T, d] per block over real tokens, then sketch the sums (linear)."""
+    q_sum, q_count = block_pool(q, block_size, valid)
+    k_sum, k_count = block_pool(k, block_size, valid)
+    return SketchedBlocks(srht(q_sum), q_count, srht(k_sum), k_count)
+
+
+def transition(
+    sk: SketchedBlocks, q_blocks: torch.Tensor, dim: int, cfg: SketchWalkConfig
+) -> torch.Tensor:
+    """A [B, G, rows, n] for the query blocks q_blocks from sketched block sums."""
+    qm = block_means(sk.q_sum[:, :, q_blocks], sk.q_count[:, q_blocks])
+    km = block_means(sk.k_sum, sk.k_count)
+    logits = block_logits(qm, km, dim, cfg.tau)
+    probs = causal_block_softmax(logits, sk.k_count > 0, q_blocks)
+    return aggregate_heads(probs, cfg.per_group)
+
+
+def method_scores(
+    cfg: SketchWalkConfig,
+    a: torch.Tensor | None,
+    w: torch.Tensor | None,
+    exact: torch.Tensor | None,
+    shape: tuple[int, ...],
+    device: torch.device,
+) -> torch.Tensor:
+    """The scores each method ranks blocks by (higher = keep)."""
+    if cfg.method == "oracle":
+        return exact
+    if cfg.method == "streaming":  # StreamingLLM (Xiao et al. 2023): sink + most recent blocks
+        return torch.arange(shape[-1], device=device, dtype=torch.float32).expand(shape)
+    return w
+
+
+def needs_exact(cfg: SketchWalkConfig) -> bool:
+    return cfg.method == "oracle"
+
+
+def groups_of(cfg: SketchWalkConfig, n_kv_heads: int) -> int:
+    return n_kv_heads if cfg.per_group else 1
+
+
+def prefill_plan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cfg: SketchWalkConfig,
+    srht: SRHT,
+    prev_walk: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+    scale: float | None = None,
+    select: bool = True,
+    want_exact: bool = False,
+) -> Plan:
+    """Sketch, walk and select for a prefill layer (queries == keys positions).
+
+    select=False only estimates (dense layers that still feed decode or the recorder).
+    """
+    bsz, h, t, d = q.shape
+    b = cfg.block_size
+    n = -(-t // b)
+    valid = torch.ones(bsz, t, dtype=torch.bool, device=q.device) if valid is None else valid
+    scale = d**-0.5 if scale is None else scale
+    timer = StageTimer(q.device)
+    rows = torch.arange(n, device=q.device)
+    sk = timer.run("sketch", lambda: sketch_blocks(q, k, srht, b, valid))
+    a = timer.run("sketch", lambda: transition(sk, rows, d, cfg))
+    exact = None
+    if want_exact or (select and needs_exact(cfg)):
+        exact = exact_block_mass(q, k, scale, b, valid, groups_of(cfg, k.shape[1]))
+    if not select:
+        return Plan(a, None, None, sk, exact, timer.ms)
+    w = timer.run("walk", lambda: walk(a, prev_walk, cfg.effective_beta, cfg.degree))
+    start, end = key_span(valid)
+    real_rows = sk.q_count > 0
+    dense_rows = rows >= n - cfg.dense_tail_blocks
+
+    def choose() -> BlockSelection:
+        scores = method_scores(cfg, a, w, exact, a.shape, q.device)
+        return select_blocks(
+            scores, rows, b, cfg.density, start, end, cfg.sink, cfg.window, dense_rows, real_rows
+        )
+
+    sel = timer.run("select", choose)
+    return Plan(a, w, sel, sk, exact, timer.ms)
+
+
+def prefill_selection(
+    q: torch.Tensor, k: torch.Tensor, cfg: SketchWalkConfig, layer: int, state: object = None
+) -> BlockSelection:
+    """Block index lists for one prefill layer (the benchmark's entry: no padding, fresh walk)."""
+    from .sketch import make_srht
+
+    srht = make_srht(q.shape[-1], cfg.sketch_dim, cfg.seed, layer).to(q.device)
+    plan = prefill_plan(q, k, cfg, srht, prev_walk=state)
+    return plan.selection
+
+
+@dataclass
+class DecodeLayerState:
+    """Per-layer decode state: A_l grown token by token, sketched block sums, the query window."""
+
+    a: torch.Tensor  # [B, G, n, n]
+    sketched: SketchedBlocks
+    window: torch.Tensor  # [B, H, w, r] sketched recent queries
+
+
+def start_decode(
+    plan: Plan, q: torch.Tensor, srht: SRHT, cfg: SketchWalkConfig
+) -> DecodeLayerState:
+    """Decode state from a prefill layer: its A_l, sums, and the last W sketched queries."""
+    return DecodeLayerState(plan.a, plan.sketched, srht(q[:, :, -cfg.query_window :]))
+
+
+def _grow(x: torch.Tensor, dims: tuple[int, ...], n: int) -> torch.Tensor:
+    pad = []
+    for dim in range(x.dim() - 1, -1, -1):
+        pad += [0, n - x.shape[dim]] if dim in dims else [0, 0]
+    return torch.nn.functional.pad(x, pad)
+
+
+def decode_step(
+    st: DecodeLayerState,
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    lk: int,
+    cfg: SketchWalkConfig,
+    srht: SRHT,
+    key_valid: torch.Tensor,
+    exact: torch.Tensor | None = None,
+) -> Plan:
+    """One decode token for one layer: update A_l's current row, estimate, walk, select.
+
+    q [B, H, 1, d] is the new query; k_new [B, Hkv, 1, d] its key at position lk - 1.
+    """
+    d = q.shape[-1]
+    b = cfg.block_size
+    timer = StageTimer(q.device)
+    cur = (lk - 1) // b
+    n = cur + 1
+
+    def update() -> torch.Tensor:
+        """Mutates st in place (it belongs to this sequence) and returns the row estimate r."""
+        if st.a.shape[-1] < n:  # a new key block forms: grow A_l and the sums by one row and column
+            st.a = _grow(st.a, (st.a.dim() - 2, st.a.dim() - 1), n)
+            sk = st.sketched
+            st.sketched = SketchedBlocks(
+                _grow(sk.q_sum, (2,), n),
+                _grow(sk.q_count, (1,), n),
+                _grow(sk.k_sum, (2,), n),
+                _grow(sk.k_count, (1,), n),
+            )
+        sk = st.sketched
+        new_valid = key_valid[:, -1].float()
+        qs, ks = srht(q), srht(k_new)  # [B,H,1,r], [B,Hkv,1,r]
+        sk.q_sum[:, :, cur] += qs[:, :, 0] * new_valid[:, None, None]
+        sk.k_sum[:, :, cur] += ks[:, :, 0] * new_valid[:, None, None]
+        sk.q_count[:, cur] += new_valid
+        sk.k_count[:, cur] += new_valid
+        row = transition(sk, torch.tensor([cur], device=q.device), d, cfg)  # running-average row
+        st.a[:, :, cur, :] = row[:, :, 0, :]
+        st.window = torch.cat([st.window, qs], dim=2)[:, :, -cfg.query_window :]
+        km = block_means(sk.k_sum, sk.k_count)
+        logits = block_logits(st.window, km, d, cfg.tau)  # [B,Hkv,Gh,w,n]
+        rows_cur = torch.full((st.window.shape[2],), cur, device=q.device)
+        probs = causal_block_softmax(logits, sk.k_count > 0, rows_cur)
+        return aggregate_heads(probs.sum(3, keepdim=True), cfg.per_group)  # [B,G,1,n]
+
+    r = timer.run("sketch", update)
+    s = timer.run("walk", lambda: walk_row(r[:, :, 0], st.a, cfg.effective_beta, cfg.degree))
+    s = s.unsqueeze(2)
+    start, end = key_span(key_valid)
+
+    def choose() -> BlockSelection:
+        scores = method_scores(cfg, r, s, exact, s.shape, q.device)
+        rows = torch.tensor([cur], device=q.device)
+        return select_blocks(scores, rows, b, cfg.density, start, end, cfg.sink, cfg.window)
+
+    sel = timer.run("select", choose)
+    return Plan(r, s, sel, None, exact, timer.ms)

@@ -1,0 +1,109 @@
+"""Recorder: copies what each layer decided (small n x n block tensors) to CPU records.
+
+Off in pure inference. The exact block mass needs the full softmax (dense cost), so it is only
+computed up to `exact_max_tokens` of context; past that, exact, sketch error and recall are None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .blockstats import exact_block_mass, mass_recall, row_mean, tv_distance
+from .pipeline import Plan
+from .records import LayerRecord
+from .select import selection_mask
+
+
+@dataclass
+class RecorderOptions:
+    exact_max_tokens: int = 8192  # about 2 s per layer-set at 2k tokens on 2 CPU cores, 30 s at 8k
+    time_dense: bool = True  # also time dense SDPA on the same inputs, for per-layer speedups
+    decode: bool = True  # record decode steps too
+
+
+def _np(x: torch.Tensor | None) -> np.ndarray | None:
+    return None if x is None else x.detach().cpu().numpy()
+
+
+@dataclass
+class Recorder:
+    options: RecorderOptions = field(default_factory=RecorderOptions)
+    layers: list[LayerRecord] = field(default_factory=list)
+
+    def wants_exact(self, lk: int) -> bool:
+        return lk <= self.options.exact_max_tokens
+
+    def record(
+        self,
+        phase: str,
+        step: int,
+        layer: int,
+        plan: Plan | None,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        key_valid: torch.Tensor,
+        scale: float,
+        block_size: int,
+        density_target: float | None,
+        timings: dict[str, float],
+    ) -> None:
+        """One record for batch element 0; group dimensions are averaged (selected: any group)."""
+        if phase == "decode" and not self.options.decode:
+            return
+        lk = k.shape[2]
+        n = -(-lk // block_size)
+        q0, k0, kv0 = q[:1], k[:1], key_valid[:1]
+        exact = plan.exact[:1] if plan is not None and plan.exact is not None else None
+        if exact is None and self.wants_exact(lk):
+            exact = exact_block_mass(q0, k0, scale, block_size, kv0)
+        exact = None if exact is None else exact.float().mean(1)[0]  # [rows, n]
+        rows = exact.shape[0] if exact is not None else -(-q.shape[2] // block_size)
+        q_blocks = np.arange(n - rows, n)
+        a = w = sel = None
+        if plan is not None:
+            a = plan.a[:1].float().mean(1)[0] if plan.a is not None else None
+            w = plan.w[:1].float().mean(1)[0] if plan.w is not None else None
+            if plan.selection is not None:
+                sel = selection_mask(plan.selection, n)[:1].any(1)[0]
+        real = self._real_rows(kv0, q.shape[2], block_size, rows)
+        rec = LayerRecord(
+            phase=phase,
+            step=step,
+            layer=layer,
+            dense=plan is None or plan.selection is None,
+            n_blocks=n,
+            q_blocks=q_blocks,
+            sketch=_np(a),
+            walk=_np(w),
+            exact=_np(exact),
+            selected=_np(sel),
+            density_target=density_target,
+            density_achieved=plan.selection.density
+            if plan is not None and plan.selection is not None
+            else None,
+            t_sketch_ms=timings.get("sketch"),
+            t_walk_ms=timings.get("walk"),
+            t_select_ms=timings.get("select"),
+            t_attention_ms=timings.get("attention"),
+            t_dense_ms=timings.get("dense"),
+        )
+        if exact is not None:
+            if a is not None:
+                rec.sketch_error = row_mean(tv_distance(a, exact), real)
+            if w is not None:
+                rec.walk_error = row_mean(
+                    tv_distance(w / w.sum(-1, keepdim=True).clamp(min=1e-30), exact), real
+                )
+            if sel is not None:
+                rec.mass_recall = row_mean(mass_recall(exact, sel), real)
+        self.layers.append(rec)
+
+    @staticmethod
+    def _real_rows(key_valid: torch.Tensor, lq: int, block_size: int, rows: int) -> torch.Tensor:
+        if lq == 1:
+            return torch.ones(1, dtype=torch.bool)
+        qv = torch.nn.functional.pad(key_valid[0, -lq:].float(), (0, rows * block_size - lq))
+        return qv.view(rows, block_size).sum(-1) > 0

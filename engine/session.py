@@ -1,0 +1,252 @@
+"""Per-sequence state of one forward/generate call, bound in a context variable.
+
+The attention function is called layer by layer without any handle to "this run": the walk needs
+the previous layer's scores and decode needs every layer's grown A_l. Binding that state to a
+context (not to modules or globals) keeps two runs, threads or requests from ever sharing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from sketchwalk.kernels import block_sparse_attention
+
+from .blockstats import exact_block_mass
+from .config import SketchWalkConfig
+from .dense import dense_attention, key_validity
+from .pipeline import (
+    DecodeLayerState,
+    Plan,
+    decode_step,
+    groups_of,
+    needs_exact,
+    prefill_plan,
+    start_decode,
+)
+from .recorder import Recorder
+from .sketch import SRHT, make_srht
+
+ProgressFn = Callable[[str, int, int], None]  # (phase, step, layer)
+
+
+@dataclass
+class Session:
+    cfg: SketchWalkConfig
+    recorder: Recorder | None = None
+    progress: ProgressFn | None = None
+    kernel_backend: str | None = None
+    step: int = 0
+    walk_prev: torch.Tensor | None = None
+    decode_states: dict[int, DecodeLayerState] = field(default_factory=dict)
+    srhts: dict[tuple[int, int, str], SRHT] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    # kept (row, block) pairs and all causal pairs, per phase, over sparse layers / all layers
+    counts: dict[str, list[int]] = field(default_factory=dict)
+
+    def srht(self, layer: int, dim: int, device: torch.device) -> SRHT:
+        key = (layer, dim, str(device))
+        if key not in self.srhts:
+            self.srhts[key] = make_srht(dim, self.cfg.sketch_dim, self.cfg.seed, layer).to(device)
+        return self.srhts[key]
+
+    def reset(self) -> None:
+        """A new prompt begins (prefill at layer 0): forget the previous sequence."""
+        self.step = 0
+        self.walk_prev = None
+        self.decode_states.clear()
+
+    def density(self, phase: str, sparse_only: bool = True) -> float | None:
+        c = self.counts.get(phase)
+        if not c:
+            return None
+        kept, cand = (c[0], c[1]) if sparse_only else (c[2], c[3])
+        return kept / cand if cand else None
+
+    def _count(self, phase: str, kept: int, cand: int, sparse: bool) -> None:
+        c = self.counts.setdefault(phase, [0, 0, 0, 0])
+        if sparse:
+            c[0] += kept
+            c[1] += cand
+        c[2] += kept
+        c[3] += cand
+
+    def _time(self, stage: str, ms: float) -> None:
+        self.timings[stage] = self.timings.get(stage, 0.0) + ms
+
+    # ---- the attention entry, one layer at a time ----
+
+    def attend(self, layer: int, q, k, v, mask, scale: float) -> torch.Tensor:
+        bsz, _, lq, _ = q.shape
+        lk = k.shape[2]
+        if lq == lk and layer == 0:
+            self.reset()
+        if lq == 1 and lk > 1 and layer == 0:
+            self.step += 1
+        phase = "prefill" if lq > 1 else "decode"
+        if self.progress is not None:
+            self.progress(phase, self.step, layer)
+        key_valid = key_validity(mask, bsz, lk, q.device)
+        if lq == lk:
+            return self._prefill(layer, q, k, v, mask, key_valid, scale)
+        if lq == 1 and layer in self.decode_states:
+            return self._decode(layer, q, k, v, mask, key_valid, scale)
+        if lq > 1:
+            warnings.warn(
+                "sketch_walk: chunked prefill (queries after a cache) runs dense", stacklevel=2
+            )
+        return self._dense(phase, layer, None, q, k, v, mask, key_valid, scale)
+
+    def _prefill(self, layer, q, k, v, mask, key_valid, scale) -> torch.Tensor:
+        cfg = self.cfg
+        sparse = cfg.sparse_in("prefill") and not cfg.is_dense_layer(layer)
+        for_decode = cfg.sparse_in("decode") and not cfg.is_dense_layer(layer)
+        rec = self.recorder
+        plan: Plan | None = None
+        if sparse or for_decode or (rec is not None and cfg.method != "dense"):
+            want_exact = rec is not None and rec.wants_exact(k.shape[2])
+            plan = prefill_plan(
+                q,
+                k,
+                cfg,
+                self.srht(layer, q.shape[-1], q.device),
+                self.walk_prev,
+                key_valid,
+                scale,
+                select=sparse,
+                want_exact=want_exact,
+            )
+            for stage, ms in plan.timings.items():
+                self._time(stage, ms)
+            if plan.w is not None:
+                self.walk_prev = plan.w
+            if for_decode:
+                self.decode_states[layer] = start_decode(
+                    plan, q, self.srht(layer, q.shape[-1], q.device), cfg
+                )
+        if not sparse:
+            return self._dense("prefill", layer, plan, q, k, v, mask, key_valid, scale)
+        return self._sparse("prefill", layer, plan, q, k, v, mask, key_valid, scale)
+
+    def _decode(self, layer, q, k, v, mask, key_valid, scale) -> torch.Tensor:
+        cfg = self.cfg
+        st = self.decode_states[layer]
+        exact = None
+        if needs_exact(cfg):
+            exact = exact_block_mass(
+                q, k, scale, cfg.block_size, key_valid, groups_of(cfg, k.shape[1])
+            )
+        srht = self.srht(layer, q.shape[-1], q.device)
+        plan = decode_step(st, q, k[:, :, -1:], k.shape[2], cfg, srht, key_valid, exact)
+        for stage, ms in plan.timings.items():
+            self._time(stage, ms)
+        return self._sparse("decode", layer, plan, q, k, v, mask, key_valid, scale)
+
+    def _sparse(self, phase, layer, plan: Plan, q, k, v, mask, key_valid, scale) -> torch.Tensor:
+        sel = plan.selection
+        seq_start = None if bool(key_valid.all()) else key_valid.float().argmax(dim=1)
+        t0 = _now(q)
+        out = block_sparse_attention(
+            q,
+            k,
+            v,
+            sel.block_index,
+            sel.block_count,
+            self.cfg.block_size,
+            True,
+            scale,
+            seq_start,
+            backend=self.kernel_backend,
+        )
+        timings = dict(plan.timings, attention=_now(q) - t0)
+        self._time("attention", timings["attention"])
+        self._count(phase, sel.kept, sel.candidates, sparse=True)
+        if self.recorder is not None:
+            if self.recorder.options.time_dense:
+                t0 = _now(q)
+                dense_attention(q, k, v, mask, scale)
+                timings["dense"] = _now(q) - t0
+            self.recorder.record(
+                phase,
+                self.step,
+                layer,
+                plan,
+                q,
+                k,
+                key_valid,
+                scale,
+                self.cfg.block_size,
+                self.cfg.density,
+                timings,
+            )
+        return out
+
+    def _dense(
+        self, phase, layer, plan: Plan | None, q, k, v, mask, key_valid, scale
+    ) -> torch.Tensor:
+        t0 = _now(q)
+        out = dense_attention(q, k, v, mask, scale)
+        ms = _now(q) - t0
+        self._time("attention", ms)
+        nq = -(-q.shape[2] // self.cfg.block_size)
+        nk = -(-k.shape[2] // self.cfg.block_size)
+        cand = nk if q.shape[2] == 1 else nq * (nq + 1) // 2  # causal pairs (unpadded estimate)
+        self._count(phase, cand, cand, sparse=False)
+        if self.recorder is not None:
+            timings = dict(plan.timings if plan else {}, attention=ms, dense=ms)
+            self.recorder.record(
+                phase,
+                self.step,
+                layer,
+                plan,
+                q,
+                k,
+                key_valid,
+                scale,
+                self.cfg.block_size,
+                None,
+                timings,
+            )
+        return out
+
+
+def _now(x: torch.Tensor) -> float:
+    if x.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() * 1e3
+
+
+_current: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
+    "sketch_walk_session", default=None
+)
+
+
+@contextlib.contextmanager
+def sketch_walk_session(
+    cfg: SketchWalkConfig | None = None,
+    recorder: Recorder | None = None,
+    progress: ProgressFn | None = None,
+    kernel_backend: str | None = None,
+) -> Iterator[Session]:
+    """Bind a fresh per-sequence state for the calls made inside the block."""
+    session = Session(cfg or SketchWalkConfig(), recorder, progress, kernel_backend)
+    token = _current.set(session)
+    try:
+        yield session
+    finally:
+        _current.reset(token)
+
+
+def current_session() -> Session:
+    """The bound session; outside any, an implicit one with default config for this context."""
+    session = _current.get()
+    if session is None:
+        session = Session(SketchWalkConfig())
+        _current.set(session)
+    return session

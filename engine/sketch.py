@@ -1,0 +1,136 @@
+"""The sketch: block-level attention estimates from pooled, Hadamard-sketched queries and keys.
+
+Pool queries and keys per block (over real tokens only), project both with one subsampled
+randomized Hadamard transform (SRHT) normalised so sketched inner products are unbiased, and turn
+block logits into a causal, row-stochastic block transition matrix A.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def fwht(x: torch.Tensor) -> torch.Tensor:
+    """Orthonormal fast Walsh-Hadamard transform over the last dim (a power of two)."""
+    m = x.shape[-1]
+    if m & (m - 1):
+        raise ValueError(f"FWHT needs a power-of-two length, got {m}")
+    lead = x.shape[:-1]
+    y = x.reshape(-1, m)
+    h = 1
+    while h < m:
+        y = y.view(-1, m // (2 * h), 2, h)
+        a, b = y[:, :, 0], y[:, :, 1]
+        y = torch.stack((a + b, a - b), dim=2)
+        h *= 2
+    return y.reshape(*lead, m) / math.sqrt(m)
+
+
+@dataclass(frozen=True)
+class SRHT:
+    """Fixed random signs and kept coordinates of one layer's sketch (reproducible from its seed)."""
+
+    signs: torch.Tensor  # [m] of +-1
+    keep: torch.Tensor  # [r] sorted coordinate ids (r <= m)
+    dim: int  # head dim d before padding
+
+    @property
+    def padded_dim(self) -> int:
+        return self.signs.shape[0]
+
+    @property
+    def scale(self) -> float:
+        """sqrt(m / r): makes E[<Sx, Sy>] = <x, y> when r of m coordinates are kept."""
+        return math.sqrt(self.padded_dim / self.keep.shape[0])
+
+    def to(self, device: torch.device | str) -> SRHT:
+        return SRHT(self.signs.to(device), self.keep.to(device), self.dim)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Sketch the last dim: [..., d] -> [..., r] in fp32."""
+        m = self.padded_dim
+        x = x.float()
+        if x.shape[-1] < m:
+            x = torch.nn.functional.pad(x, (0, m - x.shape[-1]))
+        y = fwht(x * self.signs)
+        if self.keep.shape[0] < m:
+            y = y.index_select(-1, self.keep)
+        return y * self.scale
+
+
+def make_srht(dim: int, sketch_dim: int, seed: int, layer: int) -> SRHT:
+    """Draw the sketch of one (layer, seed): signs over the padded dim and r kept coordinates."""
+    m = 1 << max(0, (dim - 1).bit_length())
+    r = min(sketch_dim, m)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + layer)
+    signs = torch.randint(0, 2, (m,), generator=gen).float() * 2 - 1
+    keep = torch.randperm(m, generator=gen)[:r].sort().values
+    return SRHT(signs, keep, dim)
+
+
+def block_pool(
+    x: torch.Tensor, block_size: int, valid: torch.Tensor | None = None, offset: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum and count of x [B, H, L, d] per absolute block, over valid tokens only.
+
+    offset is the absolute position of row 0 (queries in chunked prefill); valid [B, L] marks real
+    tokens. Returns sums [B, H, n, d] (fp32) and counts [B, n] (fp32) with n = ceil((offset+L)/b).
+    Sums (not means) are returned so decode can keep running averages by adding tokens.
+    """
+    bsz, h, length, d = x.shape
+    n = -(-(offset + length) // block_size)
+    pad_front, pad_back = offset, n * block_size - offset - length
+    xf = x.float()
+    w = torch.ones(bsz, length, device=x.device) if valid is None else valid.float()
+    xf = xf * w[:, None, :, None]
+    xf = torch.nn.functional.pad(xf, (0, 0, pad_front, pad_back))
+    w = torch.nn.functional.pad(w, (pad_front, pad_back))
+    sums = xf.view(bsz, h, n, block_size, d).sum(dim=3)
+    counts = w.view(bsz, n, block_size).sum(dim=2)
+    return sums, counts
+
+
+def block_means(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    return sums / counts.clamp(min=1.0)[:, None, :, None]
+
+
+def group_queries(q: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+    """[B, H, ..., r] -> [B, Hkv, H/Hkv, ..., r]: GQA scoring without repeating keys."""
+    bsz, h = q.shape[:2]
+    return q.view(bsz, n_kv_heads, h // n_kv_heads, *q.shape[2:])
+
+
+def block_logits(qs: torch.Tensor, ks: torch.Tensor, dim: int, tau: float) -> torch.Tensor:
+    """Sketched block logits [B, Hkv, G, nq, nk] from qs [B, H, nq, r] and ks [B, Hkv, nk, r]."""
+    qg = group_queries(qs, ks.shape[1])
+    return (qg @ ks.unsqueeze(2).transpose(-1, -2)) * (dim**-0.5 / tau)
+
+
+def causal_block_softmax(
+    logits: torch.Tensor, key_valid: torch.Tensor, q_blocks: torch.Tensor
+) -> torch.Tensor:
+    """Softmax over key blocks j <= q_block that hold real keys (masked BEFORE the softmax).
+
+    logits [B, ..., nq, nk]; key_valid [B, nk] bool; q_blocks [nq] absolute ids of the rows.
+    Rows with no visible block come out all zero.
+    """
+    nk = logits.shape[-1]
+    causal = torch.arange(nk, device=logits.device)[None, :] <= q_blocks[:, None]  # [nq, nk]
+    extra = logits.dim() - 2
+    kv = key_valid.view(key_valid.shape[0], *([1] * (extra - 1)), 1, nk)
+    mask = causal & kv
+    probs = torch.softmax(logits.masked_fill(~mask, float("-inf")), dim=-1)
+    return probs.nan_to_num(0.0)
+
+
+def aggregate_heads(probs: torch.Tensor, per_group: bool) -> torch.Tensor:
+    """Sum per-head block distributions [B, Hkv, G, nq, nk] into [B, groups, nq, nk], rows summing to 1.
+
+    groups = 1 (one selection shared by the layer) or Hkv (one per KV-head group).
+    """
+    agg = probs.sum(dim=2) if per_group else probs.sum(dim=(1, 2)).unsqueeze(1)
+    total = agg.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, agg / total.clamp(min=1e-30), agg)

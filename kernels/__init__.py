@@ -1,0 +1,60 @@
+"""Block-sparse attention kernels behind one entry point.
+
+`block_sparse_attention` picks an implementation by device: Triton on CUDA (and on CPU tensors
+when TRITON_INTERPRET=1), the fast torch path on CPU, the reference when asked
+(backend="reference" or SKETCHWALK_KERNEL=reference). Shapes and conventions: kernels/reference.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .reference import block_sparse_attention_reference, dense_block_index, selected_block_mask
+
+BACKENDS = ("auto", "reference", "cpu", "triton")
+
+
+def choose_backend(device: torch.device, backend: str | None = None) -> str:
+    backend = backend or os.environ.get("SKETCHWALK_KERNEL", "auto")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend != "auto":
+        return backend
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return "triton"
+    return "cpu"
+
+
+def block_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_index: torch.Tensor,
+    block_count: torch.Tensor,
+    block_size: int,
+    causal: bool = True,
+    scale: float | None = None,
+    seq_start: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Attention of q over the key blocks each query block lists; returns [B, H, Lq, D] in q's dtype."""
+    which = choose_backend(q.device, backend)
+    if which == "reference":
+        fn = block_sparse_attention_reference
+    elif which == "cpu":
+        from .cpu import block_sparse_attention_cpu as fn
+    else:
+        from .triton_dispatch import block_sparse_attention_triton as fn
+    return fn(q, k, v, block_index, block_count, block_size, causal, scale, seq_start)
+
+
+__all__ = [
+    "BACKENDS",
+    "block_sparse_attention",
+    "block_sparse_attention_reference",
+    "choose_backend",
+    "dense_block_index",
+    "selected_block_mask",
+]
