@@ -1,0 +1,81 @@
+"""`Store`: one open database (engine + checked schema) with the run, job and export methods.
+
+The methods live in small mixins (runs, jobs, export); this module owns opening and closing, so
+every connection goes through the same error translation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+
+from sqlalchemy.engine import Connection, Engine, make_url
+
+from sketchwalk.store import db
+from sketchwalk.store.export import ExportMixin
+from sketchwalk.store.jobs import JobsMixin
+from sketchwalk.store.runs import RunsMixin
+
+
+class Store(RunsMixin, JobsMixin, ExportMixin):
+    """An open sketchwalk store. Thread-safe to share within one process; close when done.
+
+    On DuckDB the file stays locked to this process until `close()` (DuckDB's rule), so the app
+    keeps one Store for its lifetime and CLI commands open one per invocation.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.url = engine.url.render_as_string(hide_password=True)
+
+    @property
+    def path(self) -> Path | None:
+        """The DuckDB file, or None for a server database / in-memory store."""
+        return db.duckdb_path(self.engine.url)
+
+    @contextmanager
+    def _begin(self) -> Iterator[Connection]:
+        with db.translating(self.engine.url), self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def _connect(self) -> Iterator[Connection]:
+        with db.translating(self.engine.url), self.engine.connect() as conn:
+            yield conn
+
+    def close(self) -> None:
+        """Release every connection (and with it the DuckDB file lock)."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+
+def open_store(url: str | None = None) -> Store:
+    """Open (creating on first use) the store at `url`, $SKETCHWALK_DB, or the default file.
+
+    Raises StoreLockedError when another process holds the DuckDB file, StoreCorruptError for a
+    damaged or foreign database, SchemaVersionError for a store of another schema version.
+    """
+    resolved = db.resolve_url(url)
+    engine = db.create_engine(resolved)
+    try:
+        with db.translating(make_url(resolved)):
+            db.ensure_schema(engine)
+    except BaseException:
+        engine.dispose()
+        raise
+    return Store(engine)

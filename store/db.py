@@ -1,0 +1,167 @@
+"""Where the store lives and how it is opened: URL resolution, engine, schema check, lock errors.
+
+DuckDB is the default because it needs no server; its file lock is per process, so opening a file
+another process holds must say so plainly rather than surface a driver traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, Engine, make_url
+
+from sketchwalk.store import schema
+from sketchwalk.store.errors import (
+    SchemaVersionError,
+    StoreCorruptError,
+    StoreError,
+    StoreLockedError,
+)
+
+ENV_URL = "SKETCHWALK_DB"
+DEFAULT_FILENAME = "sketchwalk.duckdb"
+
+
+def data_dir() -> Path:
+    """The user data folder: $XDG_DATA_HOME/sketchwalk, else ~/.local/share/sketchwalk."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "sketchwalk"
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The database URL to use: the argument, else $SKETCHWALK_DB, else the default DuckDB file.
+
+    A bare filesystem path (no `://`) is taken as a DuckDB file, so `--db runs.duckdb` works.
+    """
+    chosen = url or os.environ.get(ENV_URL)
+    if not chosen:
+        return f"duckdb:///{data_dir() / DEFAULT_FILENAME}"
+    if "://" not in chosen:
+        return f"duckdb:///{Path(chosen).expanduser().resolve()}"
+    return chosen
+
+
+def duckdb_path(url: URL) -> Path | None:
+    """The file behind a DuckDB URL, or None for another database or an in-memory one."""
+    if url.get_backend_name() != "duckdb" or url.database in (None, "", ":memory:"):
+        return None
+    return Path(url.database).expanduser()
+
+
+def utcnow() -> datetime:
+    """Naive UTC timestamp: stored the same way on DuckDB and PostgreSQL, no tz library needed."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def create_engine(url: str) -> Engine:
+    """An engine for `url`, creating a DuckDB file's folder first so a first run just works."""
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise StoreError(f"not a database URL: {url!r} ({exc})") from None
+    path = duckdb_path(parsed)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create the folder for database {path}: {exc.strerror or exc}"
+            ) from None
+    try:
+        return sa.create_engine(parsed)
+    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
+        raise StoreError(f"cannot use database URL {url!r}: {exc}") from None
+
+
+_LOCK_PID = re.compile(r"\(PID (\d+)\)")
+
+
+def translate_error(exc: BaseException, url: URL) -> StoreError | None:
+    """Map a driver error on open to a one-line store error, or None when it is something else."""
+    message = str(getattr(exc, "orig", None) or exc)
+    where = duckdb_path(url) or url.render_as_string(hide_password=True)
+    if "Could not set lock on file" in message or "Conflicting lock" in message:
+        pid = _LOCK_PID.search(message)
+        holder = f" (PID {pid.group(1)})" if pid else ""
+        return StoreLockedError(
+            f"database file {where} is open in another process{holder}; DuckDB allows one "
+            "process at a time: close that sketchwalk app/CLI, or pass another --db / SKETCHWALK_DB"
+        )
+    if "not a valid DuckDB database file" in message or "Corrupt database" in message:
+        return StoreCorruptError(
+            f"{where} is not a valid DuckDB database file (damaged or another format); "
+            "move it away or pass another --db"
+        )
+    return None
+
+
+@contextmanager
+def translating(url: URL) -> Iterator[None]:
+    """Re-raise driver errors that have a clear meaning (lock, corrupt file) as StoreErrors."""
+    try:
+        yield
+    except sa.exc.DBAPIError as exc:
+        mapped = translate_error(exc, url)
+        if mapped is None:
+            raise
+        raise mapped from None
+
+
+def ensure_schema(engine: Engine) -> None:
+    """Create the tables in an empty database, or check the version of an existing store.
+
+    A database with tables but no sketchwalk meta row is someone else's: refuse to touch it.
+    """
+    with engine.begin() as conn:
+        existing = set(sa.inspect(conn).get_table_names())
+        if schema.meta.name not in existing:
+            if existing:
+                raise StoreCorruptError(
+                    f"{_where(engine)} holds other tables ({', '.join(sorted(existing)[:5])}) "
+                    "and is not a sketchwalk store; pass another --db"
+                )
+            schema.metadata.create_all(conn)
+            conn.execute(
+                schema.meta.insert(),
+                [
+                    {"key": "app", "value": schema.STORE_MARKER},
+                    {"key": "schema_version", "value": str(schema.SCHEMA_VERSION)},
+                    {"key": "created_at", "value": utcnow().isoformat()},
+                ],
+            )
+            return
+        rows = dict(conn.execute(sa.select(schema.meta.c.key, schema.meta.c.value)).all())
+    if rows.get("app") != schema.STORE_MARKER or "schema_version" not in rows:
+        raise StoreCorruptError(f"{_where(engine)} is not a sketchwalk store; pass another --db")
+    check_version(int(rows["schema_version"]), what=f"store {_where(engine)}")
+
+
+def check_version(found: int, what: str) -> None:
+    """Refuse data written with another schema version, saying which side is newer."""
+    if found == schema.SCHEMA_VERSION:
+        return
+    if found > schema.SCHEMA_VERSION:
+        hint = "upgrade sketchwalk to read it"
+        age = "newer"
+    else:
+        hint = "export it with the sketchwalk version that wrote it, or use a new --db"
+        age = "older"
+    raise SchemaVersionError(
+        f"{what} has schema version {found}, {age} than this sketchwalk's "
+        f"{schema.SCHEMA_VERSION}; {hint}"
+    )
+
+
+def _where(engine: Engine) -> str:
+    path = duckdb_path(engine.url)
+    return str(path) if path else engine.url.render_as_string(hide_password=True)
+
+
+def is_duckdb(engine: Engine) -> bool:
+    return engine.dialect.name == "duckdb"

@@ -1,0 +1,149 @@
+"""The store's tables, in SQLAlchemy Core, portable between DuckDB and PostgreSQL.
+
+Choices that keep one schema working on both: text UUID keys (DuckDB has no SERIAL), JSON kept as
+text (parsed in Python, so NaN metrics survive), naive UTC timestamps, no foreign keys (DuckDB
+cannot delete rows that a foreign key points at within one transaction cleanly, and bulk loads
+stay simple). Block rows carry no primary key: on DuckDB an ART index triples insert time while
+zone maps already make per-layer reads fast (rows are written in layer order); other databases
+get a plain index on the layer key instead.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+SCHEMA_VERSION = 1
+"""Bump on any change to the tables below; stores with another version are refused."""
+
+STORE_MARKER = "sketchwalk"
+"""Value of the `app` key in the meta table: tells our store apart from someone else's file."""
+
+RUN_STATUSES = ("queued", "running", "done", "failed")
+JOB_STATUSES = ("queued", "running", "done", "failed")
+
+metadata = sa.MetaData()
+
+meta = sa.Table(
+    "sketchwalk_meta",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+
+runs = sa.Table(
+    "runs",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("updated_at", sa.DateTime, nullable=False),
+    sa.Column("finished_at", sa.DateTime),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("error", sa.Text),
+    sa.Column("model_id", sa.Text),
+    sa.Column("model_hash", sa.Text),
+    sa.Column("prompt", sa.Text, nullable=False),
+    sa.Column("prompt_tokens", sa.Integer),
+    sa.Column("method", sa.String(32)),
+    sa.Column("config", sa.Text, nullable=False),  # JSON
+    sa.Column("request", sa.Text, nullable=False),  # JSON, as submitted
+    sa.Column("device", sa.Text),
+    sa.Column("versions", sa.Text),  # JSON: torch, transformers, sketchwalk, ...
+    sa.Column("dense_text", sa.Text),
+    sa.Column("sparse_text", sa.Text),
+    sa.Column("metrics", sa.Text),  # JSON
+    sa.Column("timings", sa.Text),  # JSON
+)
+
+layer_stats = sa.Table(
+    "layer_stats",
+    metadata,
+    sa.Column("run_id", sa.String(36), primary_key=True),
+    sa.Column("phase", sa.String(16), primary_key=True),
+    sa.Column("step", sa.Integer, primary_key=True),
+    sa.Column("layer", sa.Integer, primary_key=True),
+    sa.Column("dense", sa.Boolean, nullable=False),
+    sa.Column("n_blocks", sa.Integer, nullable=False),
+    sa.Column("q_blocks", sa.Text, nullable=False),  # JSON list: query block of each row
+    sa.Column("density_target", sa.Double),
+    sa.Column("density_achieved", sa.Double),
+    sa.Column("sketch_error", sa.Double),
+    sa.Column("walk_error", sa.Double),
+    sa.Column("mass_recall", sa.Double),
+    sa.Column("t_sketch_ms", sa.Double),
+    sa.Column("t_walk_ms", sa.Double),
+    sa.Column("t_select_ms", sa.Double),
+    sa.Column("t_attention_ms", sa.Double),
+    sa.Column("t_dense_ms", sa.Double),
+)
+
+block_scores = sa.Table(
+    "block_scores",
+    metadata,
+    sa.Column("run_id", sa.String(36), nullable=False),
+    sa.Column("phase", sa.String(16), nullable=False),
+    sa.Column("step", sa.Integer, nullable=False),
+    sa.Column("layer", sa.Integer, nullable=False),
+    sa.Column("q_block", sa.Integer, nullable=False),
+    sa.Column("k_block", sa.Integer, nullable=False),
+    sa.Column("sketch", sa.REAL),
+    sa.Column("walk", sa.REAL),
+    sa.Column("exact", sa.REAL),
+    sa.Column("selected", sa.Boolean),
+)
+sa.Index(
+    "ix_block_scores_layer",
+    block_scores.c.run_id,
+    block_scores.c.phase,
+    block_scores.c.step,
+    block_scores.c.layer,
+).ddl_if(callable_=lambda ddl, target, bind, dialect=None, **kw: dialect.name != "duckdb")
+
+blocks = sa.Table(
+    "blocks",
+    metadata,
+    sa.Column("run_id", sa.String(36), primary_key=True),
+    sa.Column("block", sa.Integer, primary_key=True),
+    sa.Column("token_start", sa.Integer, nullable=False),
+    sa.Column("token_end", sa.Integer, nullable=False),
+    sa.Column("text", sa.Text, nullable=False),
+)
+
+tokens = sa.Table(
+    "tokens",
+    metadata,
+    sa.Column("run_id", sa.String(36), primary_key=True),
+    sa.Column("variant", sa.String(16), primary_key=True),
+    sa.Column("position", sa.Integer, primary_key=True),
+    sa.Column("token_id", sa.Integer, nullable=False),
+    sa.Column("text", sa.Text, nullable=False),
+    sa.Column("logprob", sa.Double),
+    sa.Column("kl", sa.Double),
+)
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("request", sa.Text, nullable=False),  # JSON
+    sa.Column("progress", sa.Double, nullable=False),
+    sa.Column("message", sa.Text),
+    sa.Column("worker", sa.Text),
+    sa.Column("run_id", sa.String(36)),
+    sa.Column("error", sa.Text),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("started_at", sa.DateTime),
+    sa.Column("finished_at", sa.DateTime),
+    sa.Column("heartbeat_at", sa.DateTime),
+)
+sa.Index("ix_jobs_status_created", jobs.c.status, jobs.c.created_at).ddl_if(
+    callable_=lambda ddl, target, bind, dialect=None, **kw: dialect.name != "duckdb"
+)
+
+RUN_TABLES: tuple[sa.Table, ...] = (runs, layer_stats, block_scores, blocks, tokens)
+"""Tables holding one run's data, keyed by run id (runs by `id`, the others by `run_id`)."""
+
+
+def run_key(table: sa.Table) -> sa.Column:
+    """The column that names the run a row of `table` belongs to."""
+    return table.c.id if table.name == "runs" else table.c.run_id
