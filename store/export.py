@@ -160,7 +160,7 @@ class ExportMixin:
             if present and not skip_existing:
                 raise RunExistsError(
                     f"{len(present)} run(s) of this export are already in the store "
-                    f"({', '.join(sorted(present)[:3])}); delete them first or skip existing runs"
+                    f"({', '.join(sorted(present)[:3])}); delete them first or skip existing runs (--skip-existing)"
                 )
             new = [i for i in ids if i not in present]
             if new:
@@ -257,7 +257,8 @@ def _zip_reader(data: bytes, label: str):
         names = zf.namelist()
     except zipfile.BadZipFile:
         raise ForeignExportError(
-            f"{label} is neither an export folder nor a zip made by `sketchwalk export`"
+            f"{label} is not a sketchwalk export (neither an export folder nor a zip made by "
+            "`sketchwalk export`)"
         ) from None
     manifests = [n for n in names if n == MANIFEST or n.endswith("/" + MANIFEST)]
     prefix = manifests[0][: -len(MANIFEST)] if len(manifests) == 1 else ""

@@ -204,7 +204,7 @@ class RunsMixin:
         with self._connect() as conn:
             df = fetch_arrow(conn, r, stmt).to_pandas()
         for name in ("config", "metrics"):
-            df[name] = [jsonio.loads(v) for v in df[name]]
+            df[name] = [jsonio.loads(v) if isinstance(v, str) else None for v in df[name]]
         return df
 
     def get_run(self, run_id: str) -> dict[str, Any]:

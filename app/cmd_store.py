@@ -1,0 +1,151 @@
+"""Store commands: `sketchwalk runs`, `export`, `import`, `delete`.
+
+Thin wrappers over sketchwalk.store; every failure a user can fix is a StoreError, which the CLI
+prints as one line (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sketchwalk.errors import SketchWalkError
+from sketchwalk.store import open_store
+
+RUN_COLUMNS = ("id", "created_at", "status", "model_id", "method", "prompt_tokens", "prompt")
+
+
+def _add_db(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        help="database URL or DuckDB file (default: $SKETCHWALK_DB, else "
+        "~/.local/share/sketchwalk/sketchwalk.duckdb)",
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("runs", help="list stored runs, newest first")
+    _add_db(p)
+    p.add_argument("--status", choices=("queued", "running", "done", "failed"))
+    p.add_argument("--model", help="only runs of this model id")
+    p.add_argument("--method", help="only runs of this method")
+    p.add_argument("--limit", type=int, help="at most this many runs")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_runs)
+
+    p = subparsers.add_parser("export", help="write runs as Parquet files (or one zip)")
+    _add_db(p)
+    p.add_argument("run_ids", nargs="*", metavar="RUN_ID")
+    p.add_argument("--all", action="store_true", help="export every run")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write into")
+    p.add_argument(
+        "--zip",
+        action="store_true",
+        help="write one zip instead (DIR/sketchwalk-export.zip, or --out itself if it ends .zip)",
+    )
+    p.add_argument("--json", action="store_true", help="print the written paths as JSON")
+    p.set_defaults(func=cmd_export)
+
+    p = subparsers.add_parser("import", help="load a Parquet export (folder or zip) into the store")
+    _add_db(p)
+    p.add_argument("path", metavar="PATH", help="export folder, its manifest.json, or a zip")
+    p.add_argument(
+        "--skip-existing",
+        action="store_true",
+        help="leave runs already in the store as they are (default: refuse the import)",
+    )
+    p.add_argument("--json", action="store_true", help="print the imported run ids as JSON")
+    p.set_defaults(func=cmd_import)
+
+    p = subparsers.add_parser("delete", help="delete runs and every row that belongs to them")
+    _add_db(p)
+    p.add_argument("run_ids", nargs="+", metavar="RUN_ID")
+    p.set_defaults(func=cmd_delete)
+
+
+def _short(text: object, width: int) -> str:
+    s = " ".join(str(text).split()) if text is not None else ""
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    with open_store(args.db) as store:
+        df = store.list_runs(
+            status=args.status, model=args.model, method=args.method, limit=args.limit
+        )
+    if args.json:
+        records = json.loads(df.to_json(orient="records", date_format="iso"))
+        print(json.dumps(records, indent=2))
+        return 0
+    if df.empty:
+        print("no runs stored")
+        return 0
+    rows = [
+        [
+            str(r.id),
+            r.created_at.strftime("%Y-%m-%d %H:%M"),
+            str(r.status),
+            _short(r.model_id, 32),
+            _short(r.method, 12),
+            ""
+            if r.prompt_tokens is None or r.prompt_tokens != r.prompt_tokens
+            else str(int(r.prompt_tokens)),
+            _short(r.prompt, 40),
+        ]
+        for r in df.itertuples()
+    ]
+    header = ["id", "created (UTC)", "status", "model", "method", "tokens", "prompt"]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    for line in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    if args.all == bool(args.run_ids):
+        raise SketchWalkError("give run ids to export, or --all (not both)")
+    run_ids = None if args.all else args.run_ids
+    out = Path(args.out).expanduser()
+    with open_store(args.db) as store:
+        if args.zip:
+            target = out if out.suffix == ".zip" else out / "sketchwalk-export.zip"
+            data = store.export_zip(run_ids)
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+            except OSError as exc:
+                raise SketchWalkError(
+                    f"cannot write {target}: {exc.strerror or exc}; choose a writable --out"
+                ) from None
+            paths = [target]
+        else:
+            paths = store.export_parquet(run_ids, out)
+    if args.json:
+        print(json.dumps([str(p) for p in paths]))
+    else:
+        for p in paths:
+            print(p)
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    with open_store(args.db) as store:
+        ids = store.import_parquet(args.path, skip_existing=args.skip_existing)
+    if args.json:
+        print(json.dumps(ids))
+    else:
+        print(f"imported {len(ids)} run(s)" + (": " + ", ".join(ids) if ids else ""))
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    with open_store(args.db) as store:
+        for run_id in args.run_ids:  # check all first: nothing deleted on a typo
+            store.get_run(run_id)
+        for run_id in args.run_ids:
+            store.delete_run(run_id)
+    print(f"deleted {len(args.run_ids)} run(s)", file=sys.stdout)
+    return 0
