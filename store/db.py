@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -49,7 +50,7 @@ def resolve_url(url: str | None = None) -> str:
 
 def duckdb_path(url: URL) -> Path | None:
     """The file behind a DuckDB URL, or None for another database or an in-memory one."""
-    if url.get_backend_name() != "duckdb" or url.database in (None, "", ":memory:"):
+    if url.get_backend_name() != "duckdb" or (url.database or ":memory:").startswith(":memory:"):
         return None
     return Path(url.database).expanduser()
 
@@ -65,6 +66,10 @@ def create_engine(url: str) -> Engine:
         parsed = make_url(url)
     except sa.exc.ArgumentError as exc:
         raise StoreError(f"not a database URL: {url!r} ({exc})") from None
+    if parsed.get_backend_name() == "duckdb" and parsed.database in (None, "", ":memory:"):
+        # A plain ":memory:" is a separate database per connection (per thread in the pool);
+        # a named one is shared by every connection of this process, like a file.
+        parsed = parsed.set(database=f":memory:sketchwalk_{uuid.uuid4().hex}")
     path = duckdb_path(parsed)
     if path is not None:
         try:

@@ -50,6 +50,15 @@ class Job:
         return cls(**values)
 
 
+def claim_query(dialect: str) -> sa.Select:
+    """The oldest queued job's id; on PostgreSQL row-locked so concurrent workers skip it."""
+    j = schema.jobs
+    pick = sa.select(j.c.id).where(j.c.status == "queued").order_by(j.c.created_at, j.c.id).limit(1)
+    if dialect == "postgresql":
+        pick = pick.with_for_update(skip_locked=True)
+    return pick
+
+
 class JobsMixin:
     """Job methods of `Store`; expects `self.engine` and `self._begin()` / `self._connect()`."""
 
@@ -84,15 +93,7 @@ class JobsMixin:
         for _ in range(_CLAIM_ATTEMPTS):
             try:
                 with self._begin() as conn:
-                    pick = (
-                        sa.select(j.c.id)
-                        .where(j.c.status == "queued")
-                        .order_by(j.c.created_at, j.c.id)
-                        .limit(1)
-                    )
-                    if conn.dialect.name == "postgresql":
-                        pick = pick.with_for_update(skip_locked=True)
-                    job_id = conn.execute(pick).scalar()
+                    job_id = conn.execute(claim_query(conn.dialect.name)).scalar()
                     if job_id is None:
                         return None
                     now = utcnow()

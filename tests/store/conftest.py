@@ -1,6 +1,6 @@
 """Fixtures for store tests: a fresh store per test.
 
-Every test gets its own DuckDB file under tmp_path, and XDG_DATA_HOME / SKETCHWALK_DB point into
+Every test gets its own database file under tmp_path, and XDG_DATA_HOME / SKETCHWALK_DB point into
 tmp_path too, so no test can touch a user's real store.
 """
 
@@ -22,7 +22,10 @@ def db_path(tmp_path):
     return tmp_path / "store.duckdb"
 
 
-@pytest.fixture
-def store(db_path):
-    with open_store(str(db_path)) as s:
+@pytest.fixture(params=["duckdb", "sqlite"])
+def store(request, db_path, tmp_path):
+    """A fresh store. DuckDB is the default backend (columnar fast path); SQLite runs the same
+    tests through the generic SQLAlchemy path that PostgreSQL will use (no server needed)."""
+    url = str(db_path) if request.param == "duckdb" else f"sqlite:///{tmp_path}/store.sqlite"
+    with open_store(url) as s:
         yield s

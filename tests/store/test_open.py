@@ -143,3 +143,18 @@ def test_bad_url_is_a_clear_error():
 
     with pytest.raises(StoreError, match="nosuchdb"):
         open_store("nosuchdb://x/y")
+
+
+def test_in_memory_store_is_shared_by_threads():
+    import threading
+
+    with open_store("duckdb:///:memory:") as store:
+        assert store.path is None
+        run_id = store.create_run({"prompt": "hi"})
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(store.get_run(run_id)["prompt"]))
+        thread.start()
+        thread.join()
+        assert seen == ["hi"]
+    with open_store("duckdb:///:memory:") as fresh:  # each open is its own database
+        assert fresh.list_runs().empty
