@@ -11,10 +11,10 @@ import json
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.store import open_store
-
-RUN_COLUMNS = ("id", "created_at", "status", "model_id", "method", "prompt_tokens", "prompt")
 
 
 def _add_db(parser: argparse.ArgumentParser) -> None:
@@ -90,9 +90,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
             str(r.status),
             _short(r.model_id, 32),
             _short(r.method, 12),
-            ""
-            if r.prompt_tokens is None or r.prompt_tokens != r.prompt_tokens
-            else str(int(r.prompt_tokens)),
+            "" if pd.isna(r.prompt_tokens) else str(int(r.prompt_tokens)),
             _short(r.prompt, 40),
         ]
         for r in df.itertuples()

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Connection, Engine
 
 from sketchwalk.store import db
 from sketchwalk.store.export import ExportMixin
@@ -73,7 +73,7 @@ def open_store(url: str | None = None) -> Store:
     resolved = db.resolve_url(url)
     engine = db.create_engine(resolved)
     try:
-        with db.translating(make_url(resolved)):
+        with db.translating(engine.url, opening=True):
             db.ensure_schema(engine)
     except BaseException:
         engine.dispose()

@@ -107,12 +107,20 @@ def translate_error(exc: BaseException, url: URL) -> StoreError | None:
 
 
 @contextmanager
-def translating(url: URL) -> Iterator[None]:
-    """Re-raise driver errors that have a clear meaning (lock, corrupt file) as StoreErrors."""
+def translating(url: URL, opening: bool = False) -> Iterator[None]:
+    """Re-raise driver errors that have a clear meaning (lock, corrupt file) as StoreErrors.
+
+    While opening, any other driver error (no permission, server unreachable) is also turned
+    into a one-line StoreError: there is nothing of ours to debug yet, only a setting to fix.
+    """
     try:
         yield
     except sa.exc.DBAPIError as exc:
         mapped = translate_error(exc, url)
+        if mapped is None and opening:
+            first = (str(exc.orig or exc).strip().splitlines() or [type(exc).__name__])[0]
+            where = duckdb_path(url) or url.render_as_string(hide_password=True)
+            mapped = StoreError(f"cannot open database {where}: {first}")
         if mapped is None:
             raise
         raise mapped from None

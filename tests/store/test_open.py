@@ -158,3 +158,13 @@ def test_in_memory_store_is_shared_by_threads():
         assert seen == ["hi"]
     with open_store("duckdb:///:memory:") as fresh:  # each open is its own database
         assert fresh.list_runs().empty
+
+
+def test_unopenable_file_is_a_one_line_error(tmp_path):
+    from sketchwalk.store import StoreError
+
+    folder = tmp_path / "is_a_dir.duckdb"
+    folder.mkdir()  # a folder where the database file should be
+    with pytest.raises(StoreError, match="cannot open database .*is_a_dir.duckdb") as info:
+        open_store(str(folder))
+    assert "\n" not in str(info.value)
