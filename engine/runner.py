@@ -1,0 +1,273 @@
+"""The runner: one prompt through the dense model and the sparse one, compared.
+
+Each variant does one prefill over the prompt (whose logits give the teacher-forced metrics) and
+then greedy decoding from the same cache, so the sparse prefill that is measured is the one that
+feeds sparse decode.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+import sketchwalk
+
+from .config import SketchWalkConfig
+from .hook import NAME
+from .metrics import common_prefix, kl_per_position, perplexity, prompt_metrics, token_logprobs
+from .models import LoadedModel
+from .recorder import Recorder, RecorderOptions
+from .records import BlockSpan, RunResult, TokenRecord
+from .session import sketch_walk_session
+
+ProgressFn = Callable[[float, str], None]  # (fraction done, message)
+
+
+class PromptError(sketchwalk.errors.SketchWalkError):
+    pass
+
+
+@dataclass
+class Decoded:
+    prompt_logits: torch.Tensor  # [T, V] fp32 on CPU
+    new_ids: list[int]
+    new_logits: torch.Tensor  # [N, V]
+    prefill_ms: float
+    decode_ms: float
+
+
+@dataclass
+class RunOptions:
+    max_new_tokens: int = 32
+    record: bool = True
+    recorder: RecorderOptions = field(default_factory=RecorderOptions)
+    kernel_backend: str | None = None
+    max_prompt_tokens: int | None = None  # None: the model's context
+
+
+def tokenize(lm: LoadedModel, prompt: str) -> torch.Tensor:
+    ids = lm.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+    return ids.to(lm.device)
+
+
+def validate_prompt(
+    n_tokens: int, lm: LoadedModel, cfg: SketchWalkConfig, opts: RunOptions
+) -> None:
+    limit = min(lm.max_context, opts.max_prompt_tokens or lm.max_context)
+    if n_tokens == 0:
+        raise PromptError("the prompt is empty")
+    if n_tokens + opts.max_new_tokens > limit:
+        raise PromptError(
+            f"the prompt has {n_tokens} tokens; with {opts.max_new_tokens} new tokens that exceeds "
+            f"the limit of {limit} tokens for {lm.model_id}"
+        )
+    if cfg.block_size > n_tokens:
+        raise PromptError(
+            f"block size {cfg.block_size} is larger than the prompt ({n_tokens} tokens)"
+        )
+
+
+def _cache_kw(model: torch.nn.Module) -> str:
+    """transformers 5.x renamed past_key_values to cache; accept both."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _timed(device: torch.device, fn: Callable[[], object]) -> tuple[object, float]:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return out, (time.perf_counter() - t0) * 1e3
+
+
+@torch.no_grad()
+def greedy(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    max_new: int,
+    eos: int | None,
+    on_token: Callable[[int], None] | None = None,
+) -> Decoded:
+    """Prefill the prompt, then greedy-decode from the cache, keeping every step's logits."""
+    kw = _cache_kw(model)
+    out, prefill_ms = _timed(ids.device, lambda: model(ids, use_cache=True))
+    cache = getattr(out, "cache", None) or out.past_key_values
+    prompt_logits = out.logits[0].float().cpu()
+    logits = out.logits[0, -1].float()
+    new_ids: list[int] = []
+    new_logits: list[torch.Tensor] = []
+    t0 = time.perf_counter()
+    for i in range(max_new):
+        nxt = int(logits.argmax())
+        new_ids.append(nxt)
+        new_logits.append(logits.cpu())
+        if on_token is not None:
+            on_token(i + 1)
+        if nxt == eos or i == max_new - 1:
+            break
+        out = model(torch.tensor([[nxt]], device=ids.device), use_cache=True, **{kw: cache})
+        cache = getattr(out, "cache", None) or out.past_key_values
+        logits = out.logits[0, -1].float()
+    if ids.device.type == "cuda":
+        torch.cuda.synchronize()
+    decode_ms = (time.perf_counter() - t0) * 1e3
+    v = prompt_logits.shape[-1]
+    stacked = torch.stack(new_logits) if new_logits else torch.empty(0, v)
+    return Decoded(prompt_logits, new_ids, stacked, prefill_ms, decode_ms)
+
+
+def _versions() -> dict[str, str]:
+    import transformers
+
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "sketchwalk": sketchwalk.__version__,
+    }
+
+
+def block_spans(
+    tokenizer, ids: list[int], block_size: int, max_chars: int = 240
+) -> list[BlockSpan]:
+    spans = []
+    for b, s in enumerate(range(0, len(ids), block_size)):
+        e = min(len(ids), s + block_size)
+        text = tokenizer.decode(ids[s:e])
+        spans.append(
+            BlockSpan(b, s, e, text if len(text) <= max_chars else text[: max_chars - 1] + "…")
+        )
+    return spans
+
+
+def run(
+    lm: LoadedModel,
+    prompt: str,
+    cfg: SketchWalkConfig,
+    opts: RunOptions | None = None,
+    progress: ProgressFn | None = None,
+) -> RunResult:
+    """Dense and sparse on the same prompt: generations, metrics, per-layer records, timings."""
+    opts = opts or RunOptions()
+    ids = tokenize(lm, prompt)
+    n = ids.shape[1]
+    validate_prompt(n, lm, cfg, opts)
+    model, tok = lm.model, lm.tokenizer
+    eos = tok.eos_token_id
+    n_layers = int(model.config.num_hidden_layers)
+    total = 2 * (1 + opts.max_new_tokens)
+
+    def report(done: float, msg: str) -> None:
+        if progress is not None:
+            progress(min(done / total, 1.0), msg)
+
+    report(0, "dense prefill")
+    model.set_attn_implementation("sdpa")
+    dense = greedy(
+        model, ids, opts.max_new_tokens, eos, lambda i: report(1 + i, f"dense token {i}")
+    )
+
+    recorder = Recorder(opts.recorder) if opts.record else None
+
+    def layer_progress(phase: str, step: int, layer: int) -> None:
+        base = 1 + opts.max_new_tokens + (step if phase == "decode" else 0)
+        report(base + layer / n_layers, f"sparse {phase} step {step} layer {layer}")
+
+    model.set_attn_implementation(NAME)
+    try:
+        with sketch_walk_session(cfg, recorder, layer_progress, opts.kernel_backend) as session:
+            sparse = greedy(model, ids, opts.max_new_tokens, eos)
+    finally:
+        model.set_attn_implementation("sdpa")
+
+    # dense judge of the sparse continuation: per-token KL and likelihood of what sparse wrote
+    report(total, "comparing")
+    seq = torch.cat([ids[0].cpu(), torch.tensor(sparse.new_ids, dtype=torch.long)])
+    with torch.no_grad():
+        judge = model(seq[None].to(lm.device)).logits[0].float().cpu()
+    gen_pos = slice(n - 1, n - 1 + len(sparse.new_ids))
+    gen_kl = kl_per_position(judge[gen_pos], sparse.new_logits)
+    sparse_by_dense = token_logprobs(judge[gen_pos], seq[n:])
+
+    ids_list = ids[0].tolist()
+    metrics = prompt_metrics(dense.prompt_logits, sparse.prompt_logits, ids[0].cpu())
+    metrics.update(
+        gen_kl_mean=float(gen_kl.mean()) if gen_kl.numel() else None,
+        gen_common_prefix=common_prefix(dense.new_ids, sparse.new_ids),
+        ppl_gen_dense=perplexity(token_logprobs(dense.new_logits, torch.tensor(dense.new_ids))),
+        ppl_gen_sparse_by_dense=perplexity(sparse_by_dense),
+        density_target=cfg.density if cfg.method != "dense" else 1.0,
+        density_achieved=session.density("prefill"),
+        density_achieved_all=session.density("prefill", sparse_only=False),
+        density_decode=session.density("decode"),
+    )
+    timings = {f"{k}_ms": v for k, v in session.timings.items()}
+    timings.update(
+        dense_prefill_ms=dense.prefill_ms,
+        sparse_prefill_ms=sparse.prefill_ms,
+        dense_decode_ms_per_token=dense.decode_ms / max(len(dense.new_ids) - 1, 1),
+        sparse_decode_ms_per_token=sparse.decode_ms / max(len(sparse.new_ids) - 1, 1),
+    )
+    if recorder is not None:
+        dense_attn = [
+            r.t_dense_ms
+            for r in recorder.layers
+            if r.t_dense_ms is not None and r.phase == "prefill"
+        ]
+        if dense_attn:
+            timings["dense_attention_ms"] = float(sum(dense_attn))
+
+    tokens = _token_records(tok, ids_list, dense, sparse, metrics, judge, n)
+    return RunResult(
+        model_id=lm.model_id,
+        model_hash=lm.model_hash,
+        prompt=prompt,
+        prompt_tokens=n,
+        method=cfg.method,
+        config=cfg.to_dict(),
+        device=str(lm.device),
+        versions=_versions(),
+        dense_text=tok.decode(dense.new_ids, skip_special_tokens=True),
+        sparse_text=tok.decode(sparse.new_ids, skip_special_tokens=True),
+        metrics=metrics,
+        timings=timings,
+        layers=recorder.layers if recorder is not None else [],
+        blocks=block_spans(tok, ids_list + sparse.new_ids, cfg.block_size),
+        tokens=tokens,
+    )
+
+
+def _token_records(
+    tok, ids: list[int], dense: Decoded, sparse: Decoded, metrics: dict, judge, n
+) -> list[TokenRecord]:
+    tgt = torch.tensor(ids[1:])
+    d_lp = token_logprobs(dense.prompt_logits[:-1], tgt).tolist()
+    s_lp = token_logprobs(sparse.prompt_logits[:-1], tgt).tolist()
+    kl = kl_per_position(dense.prompt_logits[:-1], sparse.prompt_logits[:-1]).tolist()
+    texts = tok.convert_ids_to_tokens(ids)
+    out: list[TokenRecord] = []
+    for p, t in enumerate(ids):
+        text = tok.convert_tokens_to_string([texts[p]])
+        out.append(TokenRecord("dense", p, t, text, d_lp[p - 1] if p else None))
+        out.append(
+            TokenRecord("sparse", p, t, text, s_lp[p - 1] if p else None, kl[p - 1] if p else None)
+        )
+    for variant, dec in (("dense", dense), ("sparse", sparse)):
+        lps = (
+            token_logprobs(dec.new_logits, torch.tensor(dec.new_ids)).tolist()
+            if dec.new_ids
+            else []
+        )
+        gen_kl = (
+            kl_per_position(judge[n - 1 : n - 1 + len(dec.new_ids)], dec.new_logits).tolist()
+            if variant == "sparse"
+            else [None] * len(dec.new_ids)
+        )
+        for i, t in enumerate(dec.new_ids):
+            out.append(TokenRecord(variant, n + i, t, tok.decode([t]), lps[i], gen_kl[i]))
+    return out
