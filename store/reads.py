@@ -1,0 +1,244 @@
+"""Reads for the app and CLI: run lists, per-layer stats, heatmaps, decode rows, tokens, blocks.
+
+Everything comes back as pandas DataFrames (tables) or dicts of numpy arrays (matrices), never
+ORM objects, so the app can plot them directly and never holds a database session. Block rows
+are fetched as Arrow (the DuckDB fast path) and scattered into dense arrays in numpy.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from sketchwalk.store import jsonio, schema
+from sketchwalk.store.bulk import fetch_arrow
+from sketchwalk.store.errors import StoreError, UnknownRunError
+
+RUN_JSON_COLUMNS = ("config", "request", "versions", "metrics", "timings")
+LIST_COLUMNS = (
+    "id",
+    "created_at",
+    "finished_at",
+    "status",
+    "error",
+    "model_id",
+    "method",
+    "prompt_tokens",
+    "device",
+    "prompt",
+    "config",
+    "metrics",
+)
+
+
+def require_run(conn: Connection, run_id: str) -> None:
+    """Raise UnknownRunError unless the run exists (every per-run call checks this first)."""
+    found = conn.execute(sa.select(schema.runs.c.id).where(schema.runs.c.id == str(run_id))).first()
+    if found is None:
+        raise UnknownRunError(f"no run with id {run_id!r} in this store (see `sketchwalk runs`)")
+
+
+class ReadsMixin:
+    """Read methods of `Store`; expects `self._connect()`."""
+
+    engine: Engine
+
+    def _connect(self) -> AbstractContextManager[Connection]:  # provided by Store
+        raise NotImplementedError
+
+    def run_ids(self) -> list[str]:
+        """Every run id, newest first."""
+        with self._connect() as conn:
+            rows = conn.execute(
+                sa.select(schema.runs.c.id).order_by(schema.runs.c.created_at.desc())
+            )
+            return [r[0] for r in rows]
+
+    def list_runs(
+        self,
+        status: str | None = None,
+        model: str | None = None,
+        method: str | None = None,
+        limit: int | None = None,
+    ) -> pd.DataFrame:
+        """Runs newest first, optionally filtered; config and metrics parsed into dicts."""
+        r = schema.runs
+        stmt = sa.select(*(r.c[name] for name in LIST_COLUMNS)).order_by(
+            r.c.created_at.desc(), r.c.id
+        )
+        if status is not None:
+            stmt = stmt.where(r.c.status == status)
+        if model is not None:
+            stmt = stmt.where(r.c.model_id == model)
+        if method is not None:
+            stmt = stmt.where(r.c.method == method)
+        if limit is not None:
+            stmt = stmt.limit(int(limit))
+        with self._connect() as conn:
+            df = fetch_arrow(conn, r, stmt).to_pandas()
+        for name in ("config", "metrics"):
+            df[name] = [jsonio.loads(v) if isinstance(v, str) else None for v in df[name]]
+        return df
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        """Every column of one run, JSON columns parsed."""
+        with self._connect() as conn:
+            row = (
+                conn.execute(sa.select(schema.runs).where(schema.runs.c.id == str(run_id)))
+                .mappings()
+                .first()
+            )
+        if row is None:
+            raise UnknownRunError(
+                f"no run with id {run_id!r} in this store (see `sketchwalk runs`)"
+            )
+        out = dict(row)
+        for name in RUN_JSON_COLUMNS:
+            out[name] = jsonio.loads(out[name])
+        return out
+
+    def _frame(self, run_id: str, table: sa.Table, stmt: sa.Select) -> pd.DataFrame:
+        with self._connect() as conn:
+            require_run(conn, run_id)
+            return fetch_arrow(conn, table, stmt).to_pandas()
+
+    def layer_stats(self, run_id: str, phase: str | None = None) -> pd.DataFrame:
+        """Per (phase, step, layer): densities, errors, timings; q_blocks as lists."""
+        t = schema.layer_stats
+        cols = [c for c in t.columns if c.name != "run_id"]
+        stmt = (
+            sa.select(*cols)
+            .where(t.c.run_id == run_id)
+            .order_by(t.c.phase.desc(), t.c.step, t.c.layer)
+        )  # prefill first
+        if phase is not None:
+            stmt = stmt.where(t.c.phase == phase)
+        df = self._frame(run_id, t, stmt)
+        df["q_blocks"] = [jsonio.loads(v) for v in df["q_blocks"]]
+        return df
+
+    def steps(self, run_id: str) -> pd.DataFrame:
+        """Which (phase, step, layer) records a run has, with their block count and dense flag."""
+        t = schema.layer_stats
+        stmt = (
+            sa.select(t.c.phase, t.c.step, t.c.layer, t.c.n_blocks, t.c.dense)
+            .where(t.c.run_id == run_id)
+            .order_by(t.c.phase.desc(), t.c.step, t.c.layer)  # prefill before decode
+        )
+        return self._frame(run_id, t, stmt)
+
+    def tokens(self, run_id: str) -> pd.DataFrame:
+        """Tokens of both variants (dense, sparse) in position order."""
+        t = schema.tokens
+        cols = [c for c in t.columns if c.name != "run_id"]
+        stmt = sa.select(*cols).where(t.c.run_id == run_id).order_by(t.c.variant, t.c.position)
+        return self._frame(run_id, t, stmt)
+
+    def blocks(self, run_id: str) -> pd.DataFrame:
+        """Key blocks with their token span [token_start, token_end) and text."""
+        t = schema.blocks
+        cols = [c for c in t.columns if c.name != "run_id"]
+        stmt = sa.select(*cols).where(t.c.run_id == run_id).order_by(t.c.block)
+        return self._frame(run_id, t, stmt)
+
+    def _layer_record(
+        self, conn: Connection, run_id: str, phase: str, step: int, layer: int
+    ) -> tuple[int, np.ndarray]:
+        t = schema.layer_stats
+        row = conn.execute(
+            sa.select(t.c.n_blocks, t.c.q_blocks).where(
+                t.c.run_id == run_id,
+                t.c.phase == phase,
+                t.c.step == int(step),
+                t.c.layer == int(layer),
+            )
+        ).first()
+        if row is None:
+            raise StoreError(
+                f"run {run_id} has no record for phase={phase!r} step={step} layer={layer} "
+                "(see steps())"
+            )
+        return int(row[0]), np.asarray(jsonio.loads(row[1]), dtype=np.int64)
+
+    def _scores(self, conn: Connection, run_id: str, *where: Any) -> pa.Table:
+        t = schema.block_scores
+        stmt = sa.select(
+            t.c.step, t.c.q_block, t.c.k_block, t.c.sketch, t.c.walk, t.c.exact, t.c.selected
+        ).where(t.c.run_id == run_id, *where)
+        return fetch_arrow(conn, t, stmt)
+
+    def heatmap(self, run_id: str, phase: str, step: int, layer: int) -> dict[str, Any]:
+        """One layer's block matrices as dense [n, n] arrays indexed [q_block, k_block].
+
+        sketch/walk/exact are float32 with NaN where the pair is not causal or was not recorded;
+        selected is bool (False there). q_blocks lists the query blocks that have a row.
+        """
+        t = schema.block_scores
+        with self._connect() as conn:
+            require_run(conn, run_id)
+            n, q_blocks = self._layer_record(conn, run_id, phase, step, layer)
+            data = self._scores(
+                conn, run_id, t.c.phase == phase, t.c.step == int(step), t.c.layer == int(layer)
+            )
+        rows = data.column("q_block").to_numpy()
+        cols = data.column("k_block").to_numpy()
+        out: dict[str, Any] = {"n_blocks": n, "q_blocks": q_blocks}
+        for name in ("sketch", "walk", "exact"):
+            grid = np.full((n, n), np.nan, dtype=np.float32)
+            grid[rows, cols] = _floats(data.column(name))
+            out[name] = grid
+        selected = np.zeros((n, n), dtype=bool)
+        selected[rows, cols] = (
+            data.column("selected").fill_null(False).to_numpy(zero_copy_only=False)
+        )
+        out["selected"] = selected
+        return out
+
+    def decode_rows(self, run_id: str, layer: int) -> dict[str, Any]:
+        """A layer's decode steps stacked: [steps, n] arrays for the token x block view.
+
+        Row s is the query row of decode step steps[s] (its block in q_blocks[s]); the width is
+        the largest block count, later blocks NaN/False in earlier steps.
+        """
+        t = schema.block_scores
+        ls = schema.layer_stats
+        with self._connect() as conn:
+            require_run(conn, run_id)
+            recs = conn.execute(
+                sa.select(ls.c.step, ls.c.n_blocks, ls.c.q_blocks)
+                .where(ls.c.run_id == run_id, ls.c.phase == "decode", ls.c.layer == int(layer))
+                .order_by(ls.c.step)
+            ).all()
+            data = self._scores(conn, run_id, t.c.phase == "decode", t.c.layer == int(layer))
+        steps = np.array([r[0] for r in recs], dtype=np.int64)
+        n_blocks = np.array([r[1] for r in recs], dtype=np.int64)
+        last_q = np.array([max(jsonio.loads(r[2]), default=-1) for r in recs], dtype=np.int64)
+        width = int(n_blocks.max()) if n_blocks.size else 0
+        out: dict[str, Any] = {"steps": steps, "n_blocks": n_blocks, "q_blocks": last_q}
+        step_col = data.column("step").to_numpy().astype(np.int64)
+        q_col = data.column("q_block").to_numpy()
+        row = np.searchsorted(steps, step_col)
+        keep = (row < steps.size) & (steps[np.minimum(row, max(steps.size - 1, 0))] == step_col)
+        keep &= q_col == last_q[np.minimum(row, max(last_q.size - 1, 0))]
+        row, cols = row[keep], data.column("k_block").to_numpy()[keep]
+        for name in ("sketch", "walk", "exact"):
+            grid = np.full((steps.size, width), np.nan, dtype=np.float32)
+            grid[row, cols] = _floats(data.column(name))[keep]
+            out[name] = grid
+        selected = np.zeros((steps.size, width), dtype=bool)
+        selected[row, cols] = (
+            data.column("selected").fill_null(False).to_numpy(zero_copy_only=False)[keep]
+        )
+        out["selected"] = selected
+        return out
+
+
+def _floats(column: pa.ChunkedArray) -> np.ndarray:
+    """float32 values with SQL NULL as NaN."""
+    return column.fill_null(np.nan).to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
