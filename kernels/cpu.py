@@ -1,0 +1,393 @@
+"""Block-sparse attention that is actually fast on CPU, in plain torch.
+
+Why it is shaped like this (measured on the project's 2-core AVX-512 CPU, see shared/STACK.md):
+- Each (batch, head group, query block) row splits its selected key blocks into *interior* blocks,
+  fully visible to every query of the block (no mask at all), and a few *edge* blocks (the causal
+  diagonal, a block cut by the left-padding start, the partial last block) that need a mask.
+- Interior work: rows are grouped by their interior block count, so one call of the CPU flash kernel
+  per group covers many rows without padding. K/V blocks are gathered with `index_select` on a
+  strided [rows, block_size * D] view (fast memcpy rows, unlike advanced indexing).
+- Edge work: one call for all rows; in the common aligned case it is plain `is_causal`, otherwise a
+  tiny explicit mask over at most a handful of blocks per row (never a T x T mask).
+- The two partial results are merged with their log-sum-exp in fp32.
+Index-list layout follows MInference's block-sparse kernel (sorted key-block ids plus a count per query
+block); the interior/edge split and the count grouping are ours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+_NEG_INF = float("-inf")
+
+
+@dataclass
+class _Plan:
+    """Cleaned index lists split into interior (unmasked) and edge (masked) blocks, per row."""
+
+    interior: torch.Tensor  # [R, K] long, sorted, valid up to interior_count
+    interior_count: torch.Tensor  # [R]
+    edge: torch.Tensor  # [R, E] long, sorted, valid up to edge_count
+    edge_count: torch.Tensor  # [R]
+    plain: torch.Tensor  # [R] bool: the row's only edge block is its aligned causal diagonal
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    causal: bool = False,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output, natural-log LSE [N, H, L]) of softmax attention; K/V may have fewer heads (GQA)."""
+    try:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, attn_mask=mask, scale=scale
+        )
+        return out, lse
+    except (RuntimeError, AttributeError):  # older torch: no native GQA or no such op
+        rep = q.shape[1] // k.shape[1]
+        kf = k.float().repeat_interleave(rep, dim=1)
+        vf = v.float().repeat_interleave(rep, dim=1)
+        s = (q.float() @ kf.transpose(-1, -2)) * scale
+        if causal:
+            s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), _NEG_INF)
+        if mask is not None:
+            s = s + mask.float()
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
+        return (p @ vf).to(q.dtype), lse
+
+
+def _compact(idx: torch.Tensor, keep: torch.Tensor, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move kept ids to the front (sorted), fill the rest; returns (ids, count)."""
+    ids = torch.where(keep, idx, torch.full_like(idx, fill)).sort(dim=-1).values
+    return ids, keep.sum(-1)
+
+
+def _plan(
+    block_index: torch.Tensor,
+    block_count: torch.Tensor,
+    b: int,
+    lq: int,
+    lk: int,
+    causal: bool,
+    seq_start: torch.Tensor | None,
+) -> _Plan:
+    """Drop invisible, out-of-range and duplicate blocks; split the rest into interior and edge."""
+    bsz, g, nq, kmax = block_index.shape
+    nk = -(-lk // b)
+    off = lk - lq
+    idx = block_index.long().reshape(bsz, g, nq, kmax)
+    live = torch.arange(kmax) < block_count.long().unsqueeze(-1)
+    live &= (idx >= 0) & (idx < nk)
+    idx, _ = _compact(idx, live, nk)
+    live = idx < nk
+    live[..., 1:] &= idx[..., 1:] != idx[..., :-1]  # duplicates count once, as in the reference
+
+    rows = torch.arange(nq)
+    first_pos = (off + rows * b).view(1, 1, nq, 1)  # position of the first query of each block
+    last_pos = (off + torch.clamp(rows * b + b, max=lq) - 1).view(1, 1, nq, 1)
+    start = idx * b
+    end = torch.clamp(start + b, max=lk)  # one past the block's last real key
+    ss = (
+        torch.zeros(bsz, 1, 1, 1, dtype=torch.long)
+        if seq_start is None
+        else seq_start.long().cpu().view(bsz, 1, 1, 1)
+    )
+    visible = live & (end > ss)
+    full = (start >= ss) & (end - start == b)
+    if causal:
+        visible &= start <= last_pos
+        full &= end - 1 <= first_pos
+    interior = visible & full
+    edge = visible & ~full
+    int_ids, int_count = _compact(idx, interior, nk)
+    edge_ids, edge_count = _compact(idx, edge, nk)
+    int_ids, edge_ids = int_ids.clamp(max=nk - 1), edge_ids.clamp(max=nk - 1)
+    emax = max(int(edge_count.max()) if edge_count.numel() else 0, 1)
+    edge_ids = edge_ids[..., :emax]
+    kcap = max(int(int_count.max()) if int_count.numel() else 0, 1)
+    int_ids = int_ids[..., :kcap]
+    plain = torch.zeros(bsz, g, nq, dtype=torch.bool)
+    if causal and off % b == 0 and lq >= b:  # square diagonal tiles: is_causal is exact there
+        diag = (off // b + rows).view(1, 1, nq)
+        first = edge_ids[..., 0]
+        plain = (edge_count == 1) & (first == diag) & (first * b >= ss[..., 0])
+    r = bsz * g * nq
+    return _Plan(
+        int_ids.reshape(r, -1),
+        int_count.reshape(r),
+        edge_ids.reshape(r, -1),
+        edge_count.reshape(r),
+        plain.reshape(r),
+    )
+
+
+def _triangle(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """[1, 1, rows, cols] additive mask: zero except the causal triangle over the last rows columns."""
+    m = torch.zeros(1, 1, rows, cols, dtype=dtype)
+    m[..., cols - rows :] = torch.full((rows, rows), _NEG_INF, dtype=dtype).triu(1)
+    return m
+
+
+def _block_view(x: torch.Tensor, b: int) -> torch.Tensor:
+    """[B, Hkv, L, D] contiguous -> overlapping [B*Hkv*L - b + 1, b*D] view: row p = tokens p..p+b-1.
+
+    Lets index_select copy whole key blocks as memcpy rows without padding x to a block multiple.
+    """
+    d = x.shape[-1]
+    flat = x.reshape(-1)
+    if flat.numel() < b * d:
+        flat = F.pad(flat, (0, b * d - flat.numel()))
+    return flat.unfold(0, b * d, d)
+
+
+@dataclass
+class _Runs:
+    """Interior lists split into a leading run from block 0 (sinks), a trailing contiguous run
+    (the local window) and the scattered middle. Runs are read through strided views (no copy)."""
+
+    prefix: torch.Tensor  # [R] length of the run 0..prefix-1
+    suffix: torch.Tensor  # [R] length of the trailing run used as a view
+    suffix_end: torch.Tensor  # [R] one past the trailing run's last block
+    middle: torch.Tensor  # [R, K] sorted ids, valid up to middle_count
+    middle_count: torch.Tensor  # [R]
+
+
+def _runs(ids: torch.Tensor, cnt: torch.Tensor, g: int, nq: int) -> _Runs:
+    r, kcap = ids.shape
+    m = torch.arange(kcap)
+    valid = m < cnt.unsqueeze(1)
+    prefix = ((ids == m) & valid).long().cumprod(dim=1).sum(dim=1)
+    last = ids.gather(1, (cnt - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    pos = cnt.unsqueeze(1) - 1 - m  # walk back from the last entry
+    ok = pos >= prefix.unsqueeze(1)
+    back = ids.gather(1, pos.clamp(min=0))
+    tail = ((back == last.unsqueeze(1) - m) & ok).long().cumprod(dim=1).sum(dim=1)
+    # One common window length per (batch, group) keeps consecutive rows in one strided view;
+    # longer runs give their excess to the middle.
+    tail_bg = tail.view(-1, nq)
+    cap = torch.zeros(tail_bg.shape[0], dtype=torch.long)
+    for i in range(tail_bg.shape[0]):
+        nz = tail_bg[i][tail_bg[i] > 0]
+        if nz.numel():
+            cap[i] = torch.mode(nz).values
+    suffix = torch.minimum(tail, cap.repeat_interleave(nq))
+    mid = valid & (m >= prefix.unsqueeze(1)) & (m < (cnt - suffix).unsqueeze(1))
+    mid_ids, mid_cnt = _compact(ids, mid, int(ids.max()) + 1 if ids.numel() else 0)
+    kmid = max(int(mid_cnt.max()) if mid_cnt.numel() else 0, 1)
+    return _Runs(prefix, suffix, last + 1, mid_ids[:, :kmid], mid_cnt)
+
+
+class _Accumulator:
+    """fp32 output and log-sum-exp per (head row, query); partial results merge by LSE.
+
+    Pieces that cover consecutive query blocks of one (batch, group) merge in place through strided
+    views; only scattered rows pay for index_select/index_copy.
+    """
+
+    def __init__(self, bsz: int, g: int, hq: int, nq: int, tq: int, d: int) -> None:
+        self.shape = (bsz, g, hq, nq, tq, d)
+        self.out = torch.zeros(self.shape, dtype=torch.float32)
+        self.lse = torch.full(self.shape[:-1], _NEG_INF, dtype=torch.float32)
+        self.seen = torch.zeros(bsz * g * nq, dtype=torch.bool)
+
+    @staticmethod
+    def _merge(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, l_: torch.Tensor) -> None:
+        new = torch.logaddexp(lse, l_)
+        w_old = torch.exp(lse - new).nan_to_num_(0.0).unsqueeze(-1)  # nan: row saw nothing yet
+        w_new = torch.exp(l_ - new).nan_to_num_(0.0).unsqueeze(-1)
+        out.mul_(w_old).addcmul_(o, w_new)
+        lse.copy_(new)
+
+    def add(self, rows: torch.Tensor, o: torch.Tensor, lse: torch.Tensor) -> None:
+        """Merge o [n, hq, tq, d] and lse [n, hq, tq] of the rows (flat (batch, group, block) ids)."""
+        bsz, g, hq, nq, tq, d = self.shape
+        n = rows.numel()
+        first = not bool(self.seen[rows].any())
+        self.seen[rows] = True
+        lse = lse.float()
+        r0, r1 = int(rows[0]), int(rows[-1])
+        if n == bsz * g * nq and r1 - r0 == n - 1:  # every row, in order
+            o_v = o.view(bsz, g, nq, hq, tq, d).permute(0, 1, 3, 2, 4, 5)
+            l_v = lse.view(bsz, g, nq, hq, tq).permute(0, 1, 3, 2, 4)
+            out, cur = self.out, self.lse
+        elif r1 - r0 == n - 1 and r0 // nq == r1 // nq:  # consecutive blocks of one (b, group)
+            bg, i0 = divmod(r0, nq)
+            out = self.out.view(bsz * g, hq, nq, tq, d)[bg, :, i0 : i0 + n]
+            cur = self.lse.view(bsz * g, hq, nq, tq)[bg, :, i0 : i0 + n]
+            o_v, l_v = o.transpose(0, 1), lse.transpose(0, 1)
+        else:  # scattered rows: gather, merge, scatter back
+            bg, i = rows // nq, rows % nq
+            hr = ((bg * hq).unsqueeze(1) + torch.arange(hq)) * nq + i.unsqueeze(1)
+            hr = hr.reshape(-1)
+            flat_out = self.out.view(-1, tq, d)
+            flat_lse = self.lse.view(-1, tq)
+            o_f, l_f = o.reshape(-1, tq, d), lse.reshape(-1, tq)
+            if first:
+                flat_out.index_copy_(0, hr, o_f.float())
+                flat_lse.index_copy_(0, hr, l_f)
+                return
+            out, cur = flat_out.index_select(0, hr), flat_lse.index_select(0, hr)
+            self._merge(out, cur, o_f, l_f)
+            flat_out.index_copy_(0, hr, out)
+            flat_lse.index_copy_(0, hr, cur)
+            return
+        if first:
+            out.copy_(o_v)
+            cur.copy_(l_v)
+        else:
+            self._merge(out, cur, o_v, l_v)
+
+
+def _consecutive(rows: torch.Tensor) -> list[torch.Tensor]:
+    """Split sorted row ids into runs of consecutive ids."""
+    if rows.numel() == 0:
+        return []
+    breaks = torch.nonzero(rows[1:] != rows[:-1] + 1).squeeze(1) + 1
+    sizes = torch.diff(torch.cat([torch.tensor([0]), breaks, torch.tensor([rows.numel()])]))
+    return list(torch.split(rows, sizes.tolist()))
+
+
+def block_sparse_attention_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_index: torch.Tensor,
+    block_count: torch.Tensor,
+    block_size: int,
+    causal: bool = True,
+    scale: float | None = None,
+    seq_start: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Same contract as kernels.reference.block_sparse_attention_reference; returns q's dtype."""
+    bsz, h, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    b = block_size
+    scale = d**-0.5 if scale is None else float(scale)
+    g = block_index.shape[1]
+    if h % g or h % hkv:
+        raise ValueError(f"heads {h} must be a multiple of index groups {g} and KV heads {hkv}")
+    if hkv % g and g % hkv:  # groups straddle KV heads: give every query head its own list
+        block_index = block_index.repeat_interleave(h // g, dim=1)
+        block_count = block_count.repeat_interleave(h // g, dim=1)
+        g = h
+    hq, hk = h // g, max(hkv // g, 1)
+    nq = -(-lq // b)
+    tq = b if nq > 1 else lq  # query tile rows: no padding waste in decode (Lq = 1)
+    off = lk - lq
+
+    plan = _plan(block_index.cpu(), block_count.cpu(), b, lq, lk, causal, seq_start)
+    runs = _runs(plan.interior, plan.interior_count, g, nq)
+    dt = q.dtype
+    q = q.contiguous()
+    if nq * tq != lq:
+        q = F.pad(q, (0, 0, 0, nq * tq - lq))
+    k = k.to(dt).contiguous()
+    v = v.to(dt).contiguous()
+    q_rows = q.view(bsz * h * nq, tq, d)
+
+    r_all = bsz * g * nq
+    r = torch.arange(r_all)
+    r_b, r_g, r_i = r // (g * nq), (r // nq) % g, r % nq
+    head_rows = ((r_b * h + r_g * hq).unsqueeze(1) + torch.arange(hq)) * nq + r_i.unsqueeze(1)
+    kv_tok = (r_b * hkv + r_g * hkv // g) * lk  # [R] token offset of the row's first KV head
+    acc = _Accumulator(bsz, g, hq, nq, tq, d)
+
+    def attend_rows(rows: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, **kw) -> None:
+        hr = head_rows[rows].reshape(-1)
+        qg = q_rows.index_select(0, hr).view(rows.numel(), hq, tq, d)
+        o, lse = _attend(qg, kg, vg, scale, **kw)
+        acc.add(rows, o, lse)
+
+    def view(x: torch.Tensor, n: int, row_stride: int, tok: int, length: int) -> torch.Tensor:
+        """[n, hk, length, d] strided view of x starting at flat token `tok` (no copy)."""
+        return x.as_strided((n, hk, length, d), (row_stride * d, lk * d, d, 1), tok * d)
+
+    # Windows: consecutive rows with the same run length and the same offset to their row slide
+    # along the keys one block per row: one strided view (row stride = one block). When the run
+    # ends at an aligned diagonal, the diagonal joins the view under one broadcast triangle mask.
+    has = runs.suffix > 0
+    start_blk = runs.suffix_end - runs.suffix
+    fused = has & plan.plain & (runs.suffix_end == off // b + r_i)
+    wkey = torch.stack([r_b * g + r_g, runs.suffix, start_blk - r_i, fused.long()], 1)[has]
+    rows_has = torch.nonzero(has).squeeze(1)
+    if rows_has.numel():
+        _, inv = torch.unique(wkey, dim=0, return_inverse=True)
+        for u in torch.unique(inv).tolist():
+            for rows in _consecutive(rows_has[inv == u]):
+                n, blocks = rows.numel(), int(runs.suffix[rows[0]])
+                tok = int(kv_tok[rows[0]]) + int(start_blk[rows[0]]) * b
+                mask = None
+                if bool(fused[rows[0]]):
+                    blocks += 1
+                    mask = _triangle(tq, blocks * b, dt)
+                kg = view(k, n, b, tok, blocks * b)
+                attend_rows(rows, kg, view(v, n, b, tok, blocks * b), mask=mask)
+
+    # Edge: blocks that need a mask and were not fused above, all rows in one call.
+    kv_head = kv_tok.unsqueeze(1) + torch.arange(hk) * lk  # [R, hk]
+    rows = torch.nonzero((plan.edge_count > 0) & ~fused).squeeze(1)
+    if rows.numel():
+        n, e = rows.numel(), plan.edge.shape[1]
+        ids = plan.edge[rows]  # [n, e]
+        kpos = (ids.unsqueeze(-1) * b + torch.arange(b)).reshape(n, e * b)
+        dead = torch.arange(e).unsqueeze(0) >= plan.edge_count[rows].unsqueeze(1)
+        kpos = kpos.masked_fill(dead.repeat_interleave(b, dim=1), lk)  # never visible
+        src = kv_head[rows].unsqueeze(-1) + kpos.clamp(max=lk - 1).unsqueeze(1)  # [n,hk,e*b]
+        kg = k.view(-1, d).index_select(0, src.reshape(-1)).view(n, hk, e * b, d)
+        vg = v.view(-1, d).index_select(0, src.reshape(-1)).view(n, hk, e * b, d)
+        if bool(plan.plain[rows].all()):
+            attend_rows(rows, kg, vg, causal=True)
+        else:
+            qpos = off + r_i[rows].unsqueeze(1) * b + torch.arange(tq)  # [n, tq]
+            see = kpos.unsqueeze(1) < lk
+            if causal:
+                see = see & (kpos.unsqueeze(1) <= qpos.unsqueeze(2))
+            if seq_start is not None:
+                ss = seq_start.long().cpu()[r_b[rows]].view(n, 1, 1)
+                see = see & (kpos.unsqueeze(1) >= ss)
+            mask = torch.zeros(n, 1, tq, e * b, dtype=dt).masked_fill_(~see.unsqueeze(1), _NEG_INF)
+            hr = head_rows[rows].reshape(-1)
+            qg = q_rows.index_select(0, hr).view(n, hq, tq, d)
+            o, lse = _attend(qg, kg, vg, scale, mask=mask)
+            lse = lse.masked_fill(~see.any(-1).unsqueeze(1), _NEG_INF)  # the kernel says 0 there
+            acc.add(rows, o, lse)
+
+    # Sinks: consecutive rows of one (batch, group) with the same leading run 0..P-1 see the very
+    # same keys, so their queries fold into one long query (bigger, faster tiles in the kernel).
+    key = (r_b * g + r_g) * (runs.prefix.max() + 1) + runs.prefix
+    q_seq = q.view(bsz * g, hq, nq * tq, d)
+    for kv in torch.unique(key[runs.prefix > 0]).tolist():
+        for rows in _consecutive(torch.nonzero(key == kv).squeeze(1)):
+            n, length, tok = rows.numel(), int(runs.prefix[rows[0]]) * b, int(kv_tok[rows[0]])
+            bg, i0 = divmod(int(rows[0]), nq)
+            qg = q_seq[bg, :, i0 * tq : (i0 + n) * tq].unsqueeze(0)
+            o, lse = _attend(qg, view(k, 1, 0, tok, length), view(v, 1, 0, tok, length), scale)
+            o = o.view(hq, n, tq, d).transpose(0, 1)
+            acc.add(rows, o, lse.view(hq, n, tq).transpose(0, 1))
+
+    # Scattered middle blocks: gathered (memcpy rows), one call per block count.
+    k_rows, v_rows = _block_view(k, b), _block_view(v, b)
+    counts = runs.middle_count
+    order = torch.argsort(counts, stable=True)
+    sizes = torch.bincount(counts, minlength=1).tolist()
+    for c, rows in zip(range(len(sizes)), torch.split(order, sizes), strict=True):
+        if c == 0 or rows.numel() == 0:
+            continue
+        n = rows.numel()
+        pos = kv_head[rows].unsqueeze(-1) + runs.middle[rows, :c].unsqueeze(1) * b  # [n,hk,c]
+        kg = k_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
+        vg = v_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
+        attend_rows(rows, kg, vg)
+
+    res = acc.out.view(bsz, h, nq * tq, d)[:, :, :lq]
+    return res.to(dt)
+
+
+__all__ = ["block_sparse_attention_cpu"]
