@@ -315,6 +315,7 @@ def block_sparse_attention_cpu(
     has = runs.suffix > 0
     start_blk = runs.suffix_end - runs.suffix
     fused = has & plan.plain & (runs.suffix_end == off // b + r_i)
+    fused &= (runs.suffix_end + 1) * b <= lk  # the view may not run past the keys
     wkey = torch.stack([r_b * g + r_g, runs.suffix, start_blk - r_i, fused.long()], 1)[has]
     rows_has = torch.nonzero(has).squeeze(1)
     if rows_has.numel():

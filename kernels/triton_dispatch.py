@@ -1,8 +1,8 @@
 """Launch the Triton block-sparse kernels: prefill for Lq > 1, split-K decode for Lq == 1.
 
 Handles what the kernels should not care about: tile sizes, the grid, strides, the interpreter on CPU
-tensors (TRITON_INTERPRET=1 is honoured when set before import; CPU tensors always run through the
-interpreter, whatever the import order), and bf16 there (the interpreter misreads bf16, so CPU bf16
+tensors (TRITON_INTERPRET=1 must be set before triton is imported: triton's own library functions
+are compiled or interpreted at import), and bf16 there (the interpreter misreads bf16, so CPU bf16
 runs in fp32 and is cast back). Preconditions beyond kernels/reference.py: block_size is a power of
 two >= 16 and each list's live ids are unique (as engine.select produces them).
 """
@@ -10,7 +10,6 @@ two >= 16 and each list's live ids are unique (as engine.select produces them).
 from __future__ import annotations
 
 import math
-from functools import cache
 
 import torch
 
@@ -20,18 +19,17 @@ from .triton_prefill import block_sparse_prefill_kernel
 LOG2E = 1.4426950408889634
 
 
-@cache
-def _interpreted(kernel):
-    """The same kernel body run by Triton's CPU interpreter."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    if isinstance(kernel, InterpretedFunction):
-        return kernel
-    return InterpretedFunction(kernel.fn)
-
-
 def _kernel(kernel, device: torch.device):
-    return kernel if device.type == "cuda" else _interpreted(kernel)
+    """The kernel, after checking it can run on `device` (CPU tensors need the interpreter)."""
+    if device.type != "cuda":
+        from triton.runtime.interpreter import InterpretedFunction
+
+        if not isinstance(kernel, InterpretedFunction):
+            raise RuntimeError(
+                "Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before triton is "
+                "imported; use backend='cpu' otherwise"
+            )
+    return kernel
 
 
 def _pow2(x: int) -> int:
