@@ -1,0 +1,212 @@
+"""Explore: one run's block-level attention, layer by layer, with a density preview.
+
+Reads the store only (cached per layer), builds figures with the pure functions in figures.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import streamlit as st
+
+from sketchwalk.app import figures, widgets
+
+PLAY_INTERVAL_S = 0.8
+
+store = widgets.setup("Explore")
+url = widgets.db_url()
+run_id = widgets.pick_run(store, "explore")
+if run_id is None:
+    st.info("No finished runs yet: start one on the New run page.")
+    st.stop()
+
+run = widgets.run_meta(url, run_id)
+cfg = run.get("config") or {}
+stats = widgets.layer_stats(url, run_id)
+blocks = widgets.blocks(url, run_id)
+prompt_tokens = int(run.get("prompt_tokens") or 0)
+
+with st.expander("Prompt (as text)"):
+    st.text(run["prompt"])
+
+# ---- where: phase, step, layer ------------------------------------------------------------
+phases = [p for p in ("prefill", "decode") if (stats["phase"] == p).any()]
+if not phases:
+    st.warning("This run has no per-layer records (it was run without recording).")
+    st.stop()
+c1, c2, c3, c4 = st.columns([1, 1, 1, 1])
+with c1:
+    phase = st.radio("Phase", phases, horizontal=True, key="ex_phase")
+steps = sorted(stats.loc[stats["phase"] == phase, "step"].unique().tolist())
+with c2:
+    step = (
+        st.select_slider("Decode step", steps, key="ex_step")
+        if phase == "decode" and len(steps) > 1
+        else steps[0]
+    )
+with c3:
+    palette = st.selectbox("Palette (colour-blind safe)", figures.PALETTES, key="ex_palette")
+with c4:
+    log = st.toggle("Log colour scale", value=True, key="ex_log")
+    miss_threshold = st.number_input(
+        "Miss threshold (exact mass)",
+        0.0,
+        1.0,
+        0.05,
+        0.01,
+        key="ex_miss_threshold",
+        help="Blocks with at least this exact mass that were not selected are marked as misses.",
+    )
+
+layers = sorted(stats.loc[(stats["phase"] == phase) & (stats["step"] == step), "layer"].tolist())
+if "ex_layer_next" in st.session_state:
+    st.session_state["ex_layer"] = st.session_state.pop("ex_layer_next")
+if st.session_state.get("ex_layer") not in layers:
+    st.session_state["ex_layer"] = next(
+        (
+            x
+            for x in layers
+            if not stats.loc[(stats["phase"] == phase) & (stats["layer"] == x), "dense"].all()
+        ),
+        layers[0],
+    )
+s1, s2 = st.columns([6, 1])
+with s1:
+    layer = st.select_slider("Layer", layers, key="ex_layer")
+with s2:
+    playing = st.session_state.get("ex_playing", False)
+    if st.button("⏸ Pause" if playing else "▶ Play layers", key="btn_play"):
+        playing = not playing
+        st.session_state["ex_playing"] = playing
+
+# ---- the layer's four matrices -------------------------------------------------------------
+t0 = time.perf_counter()
+hm = widgets.heatmap(url, run_id, phase, int(step), int(layer))
+figs = figures.layer_figures(hm, blocks, log=log, palette=palette, miss_threshold=miss_threshold)
+build_ms = widgets.ms(t0)
+row = stats[(stats["phase"] == phase) & (stats["step"] == step) & (stats["layer"] == layer)].iloc[0]
+
+m = st.columns(5)
+m[0].metric("Achieved density", "dense" if row["dense"] else f"{row['density_achieved']:.3f}")
+m[1].metric("Target density", f"{cfg.get('density', float('nan')):.3f}")
+m[2].metric(
+    "Sketch error (TV)", "–" if np.isnan(row["sketch_error"]) else f"{row['sketch_error']:.3f}"
+)
+m[3].metric("Mass recall", "–" if np.isnan(row["mass_recall"]) else f"{row['mass_recall']:.3f}")
+n_miss = (
+    len(figures.find_misses(hm.get("exact"), hm["selected"], miss_threshold)[0])
+    if not row["dense"]
+    else 0
+)
+m[4].metric("Misses", n_miss)
+st.caption(f"Layer {layer} · {int(hm['n_blocks'])} blocks · data + figures {build_ms:.0f} ms")
+
+order = [k for k in ("sketch", "walk", "exact", "mask") if k in figs]
+if row["dense"]:
+    st.info(
+        "This layer runs dense attention (no walk, no selection); its sketch estimate is shown."
+    )
+for i in range(0, len(order), 2):
+    cols = st.columns(2)
+    for col, name in zip(cols, order[i : i + 2], strict=False):
+        with col:
+            st.plotly_chart(figs[name], key=f"hm_{name}", config={"displaylogo": False})
+if "exact" not in figs and not row["dense"]:
+    st.caption("Exact block mass was not recorded (context longer than the recorder's limit).")
+
+# ---- density preview -----------------------------------------------------------------------
+st.subheader("Density preview")
+scores = figures.method_scores(hm, run.get("method") or cfg.get("method", "sketchwalk"))
+if phase != "prefill" or row["dense"] or scores is None:
+    st.caption("The preview re-thresholds stored prefill scores of a sparse layer: pick one above.")
+else:
+    p1, p2 = st.columns([3, 1])
+    with p1:
+        rho = st.slider(
+            "What would be kept at this density?",
+            0.01,
+            1.0,
+            float(cfg.get("density", 0.2)),
+            0.01,
+            key="ex_preview_density",
+        )
+    kept = figures.preview_selection(scores, prompt_tokens, cfg, rho)
+    n = int(hm["n_blocks"])
+    causal = figures.causal_mask(n, n)
+    labels = figures.block_labels(blocks, n)
+    recall = figures.mass_recall(hm.get("exact"), kept)
+    with p2:
+        st.metric("Preview density", f"{figures.kept_density(kept, causal):.3f}")
+        st.metric("Preview mass recall", "–" if recall is None else f"{recall:.3f}")
+    pfig = figures.mask_figure(
+        kept,
+        causal,
+        labels,
+        labels,
+        title=f"PREVIEW (not a run): blocks kept at density {rho:.2f}, layer {layer}",
+        misses=figures.find_misses(hm.get("exact"), kept, miss_threshold),
+    )
+    st.plotly_chart(pfig, key="preview", config={"displaylogo": False})
+    if st.button(f"Re-run at density {rho:.2f} for real", key="btn_rerun_density"):
+        job_id = widgets.submit(store, widgets.rerun_request(run, density=float(rho)))
+        st.success(f"Queued job {job_id[:8]} at density {rho:.2f}; follow it on the New run page.")
+
+# ---- more views ----------------------------------------------------------------------------
+view = st.radio(
+    "More",
+    ["Per-layer curves", "Depth view (the walk)", "Decode tokens"],
+    horizontal=True,
+    key="ex_view",
+)
+if view == "Per-layer curves":
+    cur = stats[(stats["phase"] == phase) & (stats["step"] == step)]
+    st.plotly_chart(figures.layer_curves(cur, int(layer)), key="curves")
+elif view == "Depth view (the walk)":
+    n_q = int(hm["n_blocks"])
+    q_block = st.number_input("Query block", 0, n_q - 1, n_q - 1, key="ex_depth_q")
+    pre = [x for x in layers if phase == "prefill"]
+    if phase != "prefill":
+        st.caption("The depth view reads prefill layers; switch the phase to prefill.")
+    else:
+        mats = [(x, widgets.heatmap(url, run_id, "prefill", 0, int(x))) for x in pre]
+        depth = figures.depth_matrices(mats, int(q_block), prompt_tokens, cfg)
+        if not depth["layers"]:
+            st.caption("No sparse layers with walk scores in this run.")
+        else:
+            st.caption(
+                f"Orange circles: blocks kept thanks to the walk (the per-layer estimate alone would have "
+                f"dropped them): {int(depth['rescued'].sum())} block-layers carrying on average "
+                f"{depth['rescued_mass']:.3f} of the exact mass per layer."
+            )
+            dfigs = figures.depth_figures(depth, blocks, log=log, palette=palette)
+            for name, fig in dfigs.items():
+                st.plotly_chart(fig, key=f"depth_{name}")
+else:
+    rows = widgets.decode_rows(url, run_id, int(layer))
+    toks = widgets.tokens(url, run_id)
+    gen = toks[(toks["variant"] == "sparse") & (toks["position"] >= prompt_tokens)].sort_values(
+        "position"
+    )
+    fig = figures.decode_figure(rows, list(gen["text"]), blocks)
+    if fig is None:
+        st.caption("No decode records for this layer (dense decode, or no tokens generated).")
+    else:
+        st.plotly_chart(fig, key="decode")
+
+st.download_button(
+    "Download this run (Parquet zip)",
+    data=lambda: store.export_zip([run_id]),
+    file_name=f"sketchwalk-run-{run_id[:8]}.zip",
+    mime="application/zip",
+    on_click="ignore",
+    key="btn_download_run",
+)
+
+if st.session_state.get("ex_playing"):
+    i = layers.index(layer)
+    if i + 1 < len(layers):
+        time.sleep(PLAY_INTERVAL_S)
+        st.session_state["ex_layer_next"] = layers[i + 1]
+        st.rerun()
+    st.session_state["ex_playing"] = False

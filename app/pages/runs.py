@@ -1,0 +1,113 @@
+"""Runs: the table of runs and jobs; filter, sort, delete, export as Parquet, import an export."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from sketchwalk.app import widgets
+from sketchwalk.errors import SketchWalkError
+
+store = widgets.setup("Runs")
+runs = store.list_runs()
+
+
+def _table(runs: pd.DataFrame) -> pd.DataFrame:
+    met = runs["metrics"].map(lambda m: m or {})
+    cfg = runs["config"].map(lambda c: c or {})
+    return pd.DataFrame(
+        {
+            "id": runs["id"],
+            "created": runs["created_at"],
+            "status": runs["status"],
+            "method": runs["method"],
+            "model": runs["model_id"].map(widgets.short_model),
+            "tokens": runs["prompt_tokens"],
+            "target density": cfg.map(lambda c: c.get("density")),
+            "achieved density": met.map(lambda m: m.get("density_achieved")),
+            "KL": met.map(lambda m: m.get("kl_mean")),
+            "top-1": met.map(lambda m: m.get("top1_agreement")),
+            "prompt": runs["prompt"].map(lambda p: p[:80]),
+            "error": runs["error"],
+        }
+    )
+
+
+f1, f2, f3 = st.columns(3)
+with f1:
+    status = st.multiselect("Status", ["done", "running", "queued", "failed"], key="runs_status")
+with f2:
+    methods = sorted(x for x in runs["method"].dropna().unique())
+    method = st.multiselect("Method", methods, key="runs_method")
+with f3:
+    text = st.text_input("Prompt contains", key="runs_text")
+
+view = _table(runs) if len(runs) else _table(runs.head(0))
+if status:
+    view = view[view["status"].isin(status)]
+if method:
+    view = view[view["method"].isin(method)]
+if text:
+    view = view[runs.loc[view.index, "prompt"].str.contains(text, case=False, regex=False)]
+st.caption(f"{len(view)} of {len(runs)} runs; click a column header to sort.")
+st.dataframe(view, hide_index=True, key="runs_table")
+
+labels = {r["id"]: widgets.run_label(r) for _, r in runs.iterrows()}
+picked = st.multiselect(
+    "Selected runs", list(view["id"]), format_func=lambda i: labels.get(i, i), key="runs_picked"
+)
+c1, c2 = st.columns(2)
+with c1:
+    st.download_button(
+        f"Export {len(picked) or 'all shown'} runs (Parquet zip)",
+        data=lambda ids=tuple(picked or view["id"]): store.export_zip(list(ids)),
+        file_name="sketchwalk-runs.zip",
+        mime="application/zip",
+        on_click="ignore",
+        disabled=view.empty,
+        key="btn_export",
+    )
+with c2:
+    confirm = st.checkbox("Yes, delete the selected runs", key="runs_confirm")
+    if st.button(f"Delete {len(picked)} runs", disabled=not (picked and confirm), key="btn_delete"):
+        for rid in picked:
+            store.delete_run(rid)
+        widgets.clear_caches()
+        st.session_state.pop(widgets.RUN_KEY, None)
+        st.session_state.pop("runs_picked", None)
+        st.session_state.pop("runs_confirm", None)
+        st.rerun()
+
+st.subheader("Import")
+upload = st.file_uploader(
+    "A Parquet zip made by Export or `sketchwalk export`", type=["zip"], key="runs_upload"
+)
+skip = st.checkbox("Skip runs already in the store", value=True, key="runs_skip")
+if upload is not None and st.button("Import", key="btn_import"):
+    try:
+        ids = store.import_parquet(upload.getvalue(), skip_existing=skip)
+        widgets.clear_caches()
+        st.success(f"Imported {len(ids)} runs.")
+    except SketchWalkError as exc:
+        st.error(f"Import failed: {exc}")
+
+st.subheader("Jobs")
+jobs = store.list_jobs()
+if jobs:
+    st.dataframe(
+        pd.DataFrame(
+            {
+                "job": [j.id[:8] for j in jobs],
+                "status": [j.status for j in jobs],
+                "progress": [j.progress for j in jobs],
+                "message": [j.message for j in jobs],
+                "run": [(j.run_id or "")[:8] for j in jobs],
+                "error": [j.error for j in jobs],
+                "created": [j.created_at for j in jobs],
+            }
+        ),
+        hide_index=True,
+        key="runs_jobs",
+    )
+else:
+    st.caption("No jobs yet.")

@@ -1,0 +1,61 @@
+"""Limits and defaults of the app and its worker, each overridable by an environment variable.
+
+The limits exist so one request cannot exhaust the machine's memory: the recorder keeps n x n block
+matrices per layer and the exact block mass costs a dense softmax, both growing with the prompt.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+ENV_PREFIX = "SKETCHWALK_"
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(ENV_PREFIX + name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_PREFIX}{name} must be an integer, got {raw!r}") from None
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(ENV_PREFIX + name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_PREFIX}{name} must be a number, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one app process allows; read once per script run (cheap), so tests can set env vars."""
+
+    max_prompt_tokens: int  # SKETCHWALK_MAX_PROMPT_TOKENS
+    max_new_tokens: int  # SKETCHWALK_MAX_NEW_TOKENS
+    max_prompt_chars: int  # SKETCHWALK_MAX_PROMPT_CHARS: refuse before tokenizing huge pastes
+    exact_max_tokens: int  # SKETCHWALK_EXACT_MAX_TOKENS: exact block mass up to this context
+    device: str  # SKETCHWALK_DEVICE: where the in-app worker runs models
+    dtype: str  # SKETCHWALK_DTYPE
+    in_app_worker: bool  # SKETCHWALK_APP_WORKER=0 when standalone workers serve the jobs
+    poll_s: float  # SKETCHWALK_POLL_S: how often the worker looks for jobs, the UI for progress
+    model_cache_size: int  # SKETCHWALK_MODEL_CACHE: models kept loaded at once
+
+
+def load() -> Settings:
+    return Settings(
+        max_prompt_tokens=_int("MAX_PROMPT_TOKENS", 8192),
+        max_new_tokens=_int("MAX_NEW_TOKENS", 256),
+        max_prompt_chars=_int("MAX_PROMPT_CHARS", 200_000),
+        exact_max_tokens=_int("EXACT_MAX_TOKENS", 8192),
+        device=os.environ.get(ENV_PREFIX + "DEVICE", "cpu"),
+        dtype=os.environ.get(ENV_PREFIX + "DTYPE", "float32"),
+        in_app_worker=os.environ.get(ENV_PREFIX + "APP_WORKER", "1") not in ("0", "false", "no"),
+        poll_s=_float("POLL_S", 1.0),
+        model_cache_size=_int("MODEL_CACHE", 2),
+    )

@@ -1,0 +1,261 @@
+"""Widgets and cached resources shared by the pages.
+
+One Store per database URL for the whole process (st.cache_resource): DuckDB allows one writer
+process, so the pages and the in-app worker thread share it. Reads of finished runs are cached
+with st.cache_data (a finished run never changes), which is what makes switching layers cheap.
+Prompt and generated text is only ever shown through st.text / st.code / dataframes, never as
+markdown or HTML.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from sketchwalk.app import settings as app_settings
+from sketchwalk.app.worker import Worker, make_request
+from sketchwalk.errors import SketchWalkError
+from sketchwalk.store import Store, open_store, resolve_url
+
+RUN_KEY = "run_id"  # the run the person is looking at, shared by Explore/Compare/Speed
+JOBS_KEY = "my_jobs"  # job ids this browser session submitted
+
+
+# ---- resources -----------------------------------------------------------------------------
+
+
+def db_url() -> str:
+    return resolve_url(None)
+
+
+@st.cache_resource(show_spinner=False)
+def _store(url: str) -> Store:
+    return open_store(url)
+
+
+def get_store() -> Store:
+    """The process-wide store; a locked or broken database stops the page with one line."""
+    try:
+        return _store(db_url())
+    except SketchWalkError as exc:
+        st.error(f"Cannot open the run store: {exc}")
+        st.stop()
+        raise  # unreachable; st.stop raises
+
+
+@st.cache_resource(show_spinner=False)
+def _worker(url: str) -> Worker:
+    return Worker(_store(url)).start()
+
+
+def ensure_worker() -> Worker | None:
+    """Start the in-app worker once per process (unless SKETCHWALK_APP_WORKER=0)."""
+    if not app_settings.load().in_app_worker:
+        return None
+    get_store()
+    return _worker(db_url())
+
+
+def setup(title: str) -> Store:
+    """Every page starts here: the store, the worker, and the page title."""
+    store = get_store()
+    ensure_worker()
+    st.title(title)
+    return store
+
+
+# ---- model facts for the New run page -------------------------------------------------------
+
+
+@dataclass
+class ModelInfo:
+    model_id: str
+    tokenizer: Any
+    max_context: int
+
+
+@st.cache_resource(show_spinner="Loading the tokenizer…", max_entries=8)
+def _model_info(model_id: str) -> ModelInfo:
+    from transformers import AutoConfig, AutoTokenizer
+
+    from sketchwalk.engine.models import ModelError, resolve
+
+    name, source, _ = resolve(model_id or None)
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+        cfg = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelError(
+            f"cannot load model {name!r}: not a local model folder and not available from the "
+            f"Hugging Face cache or hub ({first[:160]})"
+        ) from None
+    max_ctx = int(getattr(cfg, "max_position_embeddings", 0) or 0) or 2048
+    return ModelInfo(name, tok, max_ctx)
+
+
+def model_info(model_id: str) -> ModelInfo:
+    """Tokenizer and context length of a model (raises ModelError with a readable message)."""
+    return _model_info(model_id.strip())
+
+
+def count_tokens(info: ModelInfo, prompt: str) -> int:
+    return len(info.tokenizer(prompt, add_special_tokens=False).input_ids)
+
+
+# ---- cached reads of finished runs ----------------------------------------------------------
+
+
+@st.cache_data(show_spinner=False, max_entries=512)
+def heatmap(url: str, run_id: str, phase: str, step: int, layer: int) -> dict[str, Any]:
+    return _store(url).heatmap(run_id, phase, step, layer)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def decode_rows(url: str, run_id: str, layer: int) -> dict[str, Any]:
+    return _store(url).decode_rows(run_id, layer)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def layer_stats(url: str, run_id: str) -> pd.DataFrame:
+    return _store(url).layer_stats(run_id)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def blocks(url: str, run_id: str) -> pd.DataFrame:
+    return _store(url).blocks(run_id)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def tokens(url: str, run_id: str) -> pd.DataFrame:
+    return _store(url).tokens(run_id)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def run_meta(url: str, run_id: str) -> dict[str, Any]:
+    return _store(url).get_run(run_id)
+
+
+def clear_caches() -> None:
+    """After a delete or an import: cached reads may name runs that changed."""
+    for fn in (heatmap, decode_rows, layer_stats, blocks, tokens, run_meta):
+        fn.clear()
+
+
+# ---- choosing a run -------------------------------------------------------------------------
+
+
+def short_model(model_id: str | None) -> str:
+    if not model_id:
+        return "?"
+    return model_id.rstrip("/").rsplit("/", 1)[-1][:32]
+
+
+def run_label(row: pd.Series | dict) -> str:
+    """One line naming a run: id prefix, method, density, model, tokens, time."""
+    cfg = row.get("config") or {}
+    created = row.get("created_at")
+    when = created.strftime("%m-%d %H:%M") if hasattr(created, "strftime") else ""
+    tokens = row.get("prompt_tokens")
+    tok = f"{int(tokens)} tok" if tokens is not None and not pd.isna(tokens) else "? tok"
+    density = cfg.get("density")
+    dens = f"ρ={density:g}" if isinstance(density, (int, float)) else ""
+    return f"{str(row['id'])[:8]} · {row.get('method') or '?'} {dens} · {short_model(row.get('model_id'))} · {tok} · {when}"
+
+
+def done_runs(store: Store) -> pd.DataFrame:
+    return store.list_runs(status="done")
+
+
+def pick_run(
+    store: Store, key: str, label: str = "Run", runs: pd.DataFrame | None = None
+) -> str | None:
+    """A run selector that remembers the choice across pages (session state + ?run= link)."""
+    runs = done_runs(store) if runs is None else runs
+    if runs.empty:
+        return None
+    ids = list(runs["id"])
+    labels = {r["id"]: run_label(r) for _, r in runs.iterrows()}
+    wanted = st.session_state.get(RUN_KEY) or st.query_params.get("run")
+    widget = f"{key}_run"
+    if widget not in st.session_state or st.session_state[widget] not in ids:
+        st.session_state[widget] = wanted if wanted in ids else ids[0]
+    chosen = st.selectbox(label, ids, key=widget, format_func=lambda i: labels.get(i, i))
+    st.session_state[RUN_KEY] = chosen
+    return chosen
+
+
+# ---- jobs -----------------------------------------------------------------------------------
+
+
+def submit(store: Store, request: dict[str, Any]) -> str:
+    """Queue a job, remember it for this browser session, and wake the worker."""
+    job_id = store.enqueue_job(request)
+    st.session_state.setdefault(JOBS_KEY, []).append(job_id)
+    worker = ensure_worker()
+    if worker is not None:
+        worker.wake()
+    return job_id
+
+
+def rerun_request(run: dict[str, Any], **config_changes: Any) -> dict[str, Any]:
+    """The request of an existing run with some knobs changed (re-run at another density)."""
+    req = dict(run.get("request") or {})
+    cfg = dict(run.get("config") or req.get("config") or {})
+    cfg.update(config_changes)
+    extra = {
+        k: v
+        for k, v in req.items()
+        if k
+        not in (
+            "prompt",
+            "config",
+            "model",
+            "max_new_tokens",
+            "dtype",
+            "method",
+            "job_id",
+            "status",
+        )
+    }
+    return make_request(
+        run["prompt"],
+        cfg,
+        model=req.get("model") or run.get("model_id"),
+        max_new_tokens=int(req.get("max_new_tokens", 32)),
+        dtype=req.get("dtype"),
+        **extra,
+    )
+
+
+def elapsed(job) -> float | None:
+    start = job.started_at
+    if start is None:
+        return None
+    end = job.finished_at or datetime.now(timezone.utc).replace(tzinfo=None)
+    return max((end - start).total_seconds(), 0.0)
+
+
+def show_job(job, queue_position: int | None = None) -> None:
+    """One job's state: progress bar and message while it runs, the error text if it failed."""
+    head = f"Job {job.id[:8]}"
+    secs = elapsed(job)
+    took = f" · {secs:.1f} s" if secs is not None else ""
+    if job.status == "queued":
+        ahead = f" ({queue_position} ahead)" if queue_position else ""
+        st.progress(0.0, text=f"{head}: queued{ahead}")
+    elif job.status == "running":
+        st.progress(float(job.progress or 0.0), text=f"{head}: {job.message or 'running'}{took}")
+    elif job.status == "done":
+        st.success(f"{head}: done{took} · run {str(job.run_id)[:8]}")
+    else:
+        st.error(f"{head} failed: {job.error or 'unknown error'}")
+
+
+def ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3

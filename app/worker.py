@@ -1,0 +1,253 @@
+"""The background worker: takes jobs from the store's queue, runs them, saves the results.
+
+In the default setup it is a thread inside the app's process, because DuckDB allows one writer
+process and the app already holds the file; `sketchwalk worker` runs the same loop standalone
+(for a server database, one per device). Models load once per (model, dtype, device) and stay
+cached. Jobs survive restarts: at start, jobs left 'running' by a dead process are marked failed
+with a reason, and queued jobs are simply taken in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from sketchwalk.app.settings import Settings
+from sketchwalk.app.settings import load as load_settings
+from sketchwalk.errors import SketchWalkError
+
+log = logging.getLogger(__name__)
+
+RESTART_REASON = (
+    "the worker stopped while this job was running (app or worker restarted); submit it again"
+)
+
+
+class ModelCache:
+    """Loaded models keyed by (model id, dtype, device), least recently used dropped first."""
+
+    def __init__(self, size: int = 2) -> None:
+        self.size = max(1, size)
+        self._models: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.loads = 0  # how many real loads happened (tests check models are reused)
+
+    def get(self, model_id: str | None, dtype: str, device: str):
+        from sketchwalk.engine.models import DEFAULT_MODEL, load_model
+
+        key = (model_id or DEFAULT_MODEL, dtype, device)
+        with self._lock:
+            if key in self._models:
+                self._models.move_to_end(key)
+                return self._models[key]
+            lm = load_model(model_id, dtype, device)
+            self.loads += 1
+            self._models[key] = lm
+            while len(self._models) > self.size:
+                self._models.popitem(last=False)
+            return lm
+
+
+def make_request(
+    prompt: str,
+    config: dict[str, Any],
+    model: str | None = None,
+    max_new_tokens: int = 32,
+    dtype: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The job request the app and the CLI queue: what a worker needs to reproduce the run."""
+    return {
+        "prompt": prompt,
+        "model": model or None,
+        "dtype": dtype,
+        "method": config.get("method"),
+        "config": dict(config),
+        "max_new_tokens": int(max_new_tokens),
+        **extra,
+    }
+
+
+class _Throttle:
+    """Report progress at most every `every_s` seconds (each report is a database write)."""
+
+    def __init__(self, fn: Callable[[float, str], None], every_s: float = 0.5) -> None:
+        self.fn, self.every_s, self.last = fn, every_s, 0.0
+
+    def __call__(self, fraction: float, message: str) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.every_s:
+            self.last = now
+            self.fn(fraction, message)
+
+
+def execute_job(
+    store, job, models: ModelCache, settings: Settings, device: str | None = None
+) -> str | None:
+    """Run one claimed job to the end; returns the run id (None when nothing was stored).
+
+    Bad input (a SketchWalkError: knobs, prompt, unknown model) fails the job with its one-line
+    message; anything else fails it with the exception's first line, logged with a traceback.
+    """
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.recorder import RecorderOptions
+    from sketchwalk.engine.runner import RunOptions, run, tokenize, validate_prompt
+
+    device = device or settings.device
+    req = job.request
+    run_id: str | None = None
+    try:
+        prompt = req.get("prompt")
+        if not isinstance(prompt, str):
+            raise SketchWalkError("the job has no prompt text")
+        if len(prompt) > settings.max_prompt_chars:
+            raise SketchWalkError(
+                f"the prompt has {len(prompt)} characters; the limit is {settings.max_prompt_chars}"
+            )
+        cfg = SketchWalkConfig.from_dict(dict(req.get("config") or {}))
+        max_new = int(req.get("max_new_tokens", 32))
+        if not 0 <= max_new <= settings.max_new_tokens:
+            raise SketchWalkError(
+                f"max new tokens must be between 0 and {settings.max_new_tokens}, got {max_new}"
+            )
+        store.update_job(job.id, 0.0, "loading model")
+        lm = models.get(req.get("model"), req.get("dtype") or settings.dtype, device)
+        opts = RunOptions(
+            max_new_tokens=max_new,
+            record=True,
+            recorder=RecorderOptions(exact_max_tokens=settings.exact_max_tokens),
+            max_prompt_tokens=settings.max_prompt_tokens,
+        )
+        validate_prompt(tokenize(lm, prompt).shape[1], lm, cfg, opts)  # before anything is stored
+        run_id = store.create_run(
+            {**req, "model": lm.model_id, "config": cfg.to_dict(), "job_id": job.id},
+            status="running",
+        )
+        store.update_job(job.id, 0.0, "starting", run_id=run_id)
+        result = run(
+            lm, prompt, cfg, opts, progress=_Throttle(lambda f, m: store.update_job(job.id, f, m))
+        )
+        store.update_job(job.id, 1.0, "saving results")
+        store.save_result(run_id, result)
+        store.finish_job(job.id, run_id=run_id)
+        return run_id
+    except SketchWalkError as exc:
+        message = _first_line(exc)
+    except Exception as exc:  # a bug or the machine: keep the worker alive, tell the user
+        log.exception("job %s failed", job.id)
+        message = f"the run failed: {type(exc).__name__}: {_first_line(exc)}"
+    try:
+        if run_id is not None:
+            try:
+                if store.get_run(run_id)["status"] != "failed":
+                    store.mark_failed(run_id, message)
+            except SketchWalkError:
+                pass
+        store.finish_job(job.id, run_id=run_id, error=message)
+    except Exception:  # the database is gone too; the next start recovers the job
+        log.exception("could not record the failure of job %s", job.id)
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:500] if text else type(exc).__name__
+
+
+def worker_name(device: str, kind: str = "app") -> str:
+    """Stable across restarts on one host, so a restarted worker recovers its own jobs."""
+    return f"{kind}@{socket.gethostname()}/{device}"
+
+
+def recover(store, name: str) -> list[str]:
+    """Fail the jobs a dead process left 'running'. A DuckDB store has one process, so all of
+    them; on a server database only this worker's own (others may still be alive)."""
+    if store.engine.dialect.name == "duckdb":
+        ids = store.recover_jobs(RESTART_REASON)
+        store.recover_runs(RESTART_REASON)
+        return ids
+    return store.recover_jobs(RESTART_REASON, worker=name)
+
+
+class Worker:
+    """A loop over the job queue in a daemon thread (or in the foreground with `serve`)."""
+
+    def __init__(
+        self,
+        store,
+        settings: Settings | None = None,
+        name: str | None = None,
+        device: str | None = None,
+        models: ModelCache | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings or load_settings()
+        self.device = device or self.settings.device
+        self.name = name or worker_name(self.device)
+        self.models = models or ModelCache(self.settings.model_cache_size)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.current_job: str | None = None
+        self.recovered: list[str] = []
+
+    def run_once(self) -> str | None:
+        """Claim and run the oldest queued job; returns its id, or None when the queue is empty."""
+        job = self.store.claim_job(self.name)
+        if job is None:
+            return None
+        self.current_job = job.id
+        try:
+            execute_job(self.store, job, self.models, self.settings, self.device)
+        finally:
+            self.current_job = None
+        return job.id
+
+    def drain(self) -> list[str]:
+        """Run queued jobs until none is left (tests, `sketchwalk worker --once`)."""
+        done = []
+        while (job_id := self.run_once()) is not None:
+            done.append(job_id)
+        return done
+
+    def serve(self) -> None:
+        """The loop: take jobs, sleep `poll_s` (or until woken) when the queue is empty."""
+        while not self._stop.is_set():
+            try:
+                if self.run_once() is None:
+                    self._wake.wait(self.settings.poll_s)
+                    self._wake.clear()
+            except Exception:  # database hiccup: log, back off, keep serving
+                log.exception("worker %s: error while taking jobs", self.name)
+                self._stop.wait(min(5.0, 5 * self.settings.poll_s))
+
+    def start(self) -> Worker:
+        """Recover jobs of a previous life, then serve in a daemon thread."""
+        if self._thread is not None and self._thread.is_alive():
+            return self
+        self.recovered = recover(self.store, self.name)
+        self._thread = threading.Thread(
+            target=self.serve, name=f"sketchwalk-{self.name}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def wake(self) -> None:
+        """Look at the queue now (a job was just submitted)."""
+        self._wake.set()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after the current job (a running model is not interrupted)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
