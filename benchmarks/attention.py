@@ -1,0 +1,291 @@
+"""Dense attention vs our block-sparse path, side by side in one process.
+
+Why it is built this way: absolute times on shared machines drift by +-20%, so dense and sparse runs
+are interleaved (order alternating per repeat) and each reported time is a median; speedups are the
+honest number. The sparse time INCLUDES the selection (sketch + walk + select from
+sketchwalk.engine.pipeline.prefill_selection): that is what a user pays. Inputs are random (seeded),
+so the selection pattern is what the method picks on noise, not on a real model's activations.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from sketchwalk.kernels import block_sparse_attention, choose_backend
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
+SHAPES = {
+    "smollm2": Shape("smollm2", 9, 3, 64),  # SmolLM2-135M
+    "llama3-8b": Shape("llama3-8b", 32, 8, 128),  # Llama-3.1-8B
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], object], device: torch.device) -> tuple[object, float]:
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return out, (time.perf_counter() - t0) * 1e3
+
+
+def _flash_attn_2() -> Callable | None:
+    try:
+        from flash_attn import flash_attn_func
+    except Exception:  # not installed, or built for another torch
+        return None
+    return flash_attn_func
+
+
+def decode_block_list(
+    n_blocks: int, density: float, sink: int, window: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode-step list of the given density: sinks, the local window, the rest spread evenly.
+
+    Decode kernel cost depends on how many blocks are read, not on which ones.
+    """
+    keep = max(1, min(n_blocks, math.ceil(density * n_blocks)))
+    ids = set(range(min(sink, n_blocks))) | set(range(max(0, n_blocks - window), n_blocks))
+    rest = [j for j in range(n_blocks) if j not in ids]
+    extra = max(0, keep - len(ids))
+    if extra and rest:
+        step = len(rest) / extra
+        ids |= {rest[int(i * step)] for i in range(min(extra, len(rest)))}
+    ids_t = torch.tensor(sorted(ids), dtype=torch.int32, device=device)
+    return ids_t.view(1, 1, 1, -1), torch.tensor(
+        [[[ids_t.numel()]]], dtype=torch.int32, device=device
+    )
+
+
+def _median_pairs(
+    dense: Callable[[], object],
+    sparse: Callable[[], tuple[float, float]],
+    repeats: int,
+    device: torch.device,
+) -> tuple[float, float, float]:
+    """(dense_ms, overhead_ms, kernel_ms) medians; one warm-up each, order alternating."""
+    dense()
+    sparse()
+    d_ms, o_ms, k_ms = [], [], []
+    for r in range(repeats):
+        if r % 2:
+            o, k = sparse()
+            d = _timed(dense, device)[1]
+        else:
+            d = _timed(dense, device)[1]
+            o, k = sparse()
+        d_ms.append(d)
+        o_ms.append(o)
+        k_ms.append(k)
+    return statistics.median(d_ms), statistics.median(o_ms), statistics.median(k_ms)
+
+
+def _row(base: dict, dense_ms: float, overhead_ms: float, kernel_ms: float) -> dict:
+    sparse_ms = overhead_ms + kernel_ms
+    return {
+        **base,
+        "dense_ms": round(dense_ms, 3),
+        "sparse_ms": round(sparse_ms, 3),
+        "overhead_ms": round(overhead_ms, 3),
+        "kernel_ms": round(kernel_ms, 3),
+        "speedup": round(dense_ms / sparse_ms, 3),
+        "kernel_speedup": round(dense_ms / kernel_ms, 3),
+    }
+
+
+def bench_prefill(
+    shape: Shape,
+    seq_len: int,
+    densities: Iterable[float],
+    dtype: torch.dtype,
+    device: torch.device,
+    repeats: int,
+    backend: str | None,
+    progress: Callable[[], None] | None = None,
+) -> list[dict]:
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.pipeline import prefill_selection
+
+    gen = torch.Generator(device="cpu").manual_seed(seq_len)
+    shp = (1, shape.heads, seq_len, shape.head_dim)
+    kv = (1, shape.kv_heads, seq_len, shape.head_dim)
+    q = torch.randn(shp, generator=gen).to(device, dtype)
+    k = torch.randn(kv, generator=gen).to(device, dtype)
+    v = torch.randn(kv, generator=gen).to(device, dtype)
+    fa2 = _flash_attn_2() if device.type == "cuda" and dtype != torch.float32 else None
+    which = choose_backend(device, backend)
+    fa_ms = None
+    if fa2 is not None:  # dense flash-attn 2 does not depend on the density: time it once
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        fa2(qt, kt, vt, causal=True)
+        fa_ms = statistics.median(
+            _timed(lambda: fa2(qt, kt, vt, causal=True), device)[1] for _ in range(repeats)
+        )
+    rows = []
+    for density in densities:
+        cfg = SketchWalkConfig(density=density)
+        state: dict = {}
+
+        def sparse(cfg=cfg, state=state) -> tuple[float, float]:
+            sel, o_ms = _timed(lambda: prefill_selection(q, k, cfg, 5), device)
+            state["sel"] = sel
+            call = lambda: block_sparse_attention(  # noqa: E731
+                q, k, v, sel.block_index, sel.block_count, cfg.block_size, backend=backend
+            )
+            return o_ms, _timed(call, device)[1]
+
+        def dense() -> object:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+        d_ms, o_ms, k_ms = _median_pairs(dense, sparse, repeats, device)
+        base = {
+            "phase": "prefill",
+            "shape": shape.name,
+            "dtype": str(dtype).removeprefix("torch."),
+            "device": device.type,
+            "backend": which,
+            "seq_len": seq_len,
+            "density": density,
+            "achieved_density": round(state["sel"].density, 4),
+        }
+        row = _row(base, d_ms, o_ms, k_ms)
+        if fa_ms is not None:
+            row["fa2_ms"] = round(fa_ms, 3)
+            row["fa2_speedup"] = round(fa_ms / row["sparse_ms"], 3)
+        rows.append(row)
+        if progress:
+            progress()
+    return rows
+
+
+def bench_decode(
+    shape: Shape,
+    seq_len: int,
+    densities: Iterable[float],
+    dtype: torch.dtype,
+    device: torch.device,
+    repeats: int,
+    backend: str | None,
+    progress: Callable[[], None] | None = None,
+) -> list[dict]:
+    """One query against a seq_len cache; the list comes from decode_block_list (no selection cost)."""
+    from sketchwalk.engine.config import SketchWalkConfig
+
+    gen = torch.Generator(device="cpu").manual_seed(seq_len + 1)
+    kv = (1, shape.kv_heads, seq_len, shape.head_dim)
+    q = torch.randn(1, shape.heads, 1, shape.head_dim, generator=gen).to(device, dtype)
+    k = torch.randn(kv, generator=gen).to(device, dtype)
+    v = torch.randn(kv, generator=gen).to(device, dtype)
+    which = choose_backend(device, backend)
+    rows = []
+    for density in densities:
+        cfg = SketchWalkConfig(density=density)
+        b = cfg.block_size
+        n = -(-seq_len // b)
+        sink = math.ceil(cfg.sink * seq_len / b)
+        window = math.ceil(cfg.window * seq_len / b)
+        idx, cnt = decode_block_list(n, density, sink, window, device)
+
+        def sparse(idx=idx, cnt=cnt, b=b) -> tuple[float, float]:
+            call = lambda: block_sparse_attention(q, k, v, idx, cnt, b, backend=backend)  # noqa: E731
+            return 0.0, _timed(call, device)[1]
+
+        def dense() -> object:
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+        d_ms, o_ms, k_ms = _median_pairs(dense, sparse, max(repeats, 5), device)
+        base = {
+            "phase": "decode",
+            "shape": shape.name,
+            "dtype": str(dtype).removeprefix("torch."),
+            "device": device.type,
+            "backend": which,
+            "seq_len": seq_len,
+            "density": density,
+            "achieved_density": round(int(cnt.sum()) / n, 4),
+        }
+        rows.append(_row(base, d_ms, o_ms, k_ms))
+        if progress:
+            progress()
+    return rows
+
+
+def run_attention_bench(
+    device: str | torch.device,
+    seq_lens: Iterable[int],
+    densities: Iterable[float],
+    shapes: Iterable[str],
+    repeats: int = 3,
+    backend: str | None = None,
+    dtype: str = "fp32",
+    phases: Iterable[str] = ("prefill",),
+    progress: Callable[[], None] | None = None,
+) -> list[dict]:
+    """Rows of dense vs sparse timings, one per (phase, shape, seq_len, density)."""
+    dev = torch.device(device)
+    dt = DTYPES[dtype]
+    densities = list(densities)
+    rows: list[dict] = []
+    for name in shapes:
+        shape = SHAPES[name]
+        for seq_len in seq_lens:
+            if "prefill" in phases:
+                rows += bench_prefill(
+                    shape, seq_len, densities, dt, dev, repeats, backend, progress
+                )
+            if "decode" in phases:
+                rows += bench_decode(shape, seq_len, densities, dt, dev, repeats, backend, progress)
+    return rows
+
+
+COLUMNS = [
+    ("phase", "{}"),
+    ("shape", "{}"),
+    ("dtype", "{}"),
+    ("backend", "{}"),
+    ("seq_len", "{}"),
+    ("density", "{:.2f}"),
+    ("achieved_density", "{:.3f}"),
+    ("dense_ms", "{:.1f}"),
+    ("overhead_ms", "{:.1f}"),
+    ("kernel_ms", "{:.1f}"),
+    ("sparse_ms", "{:.1f}"),
+    ("speedup", "{:.2f}x"),
+    ("fa2_ms", "{:.1f}"),
+    ("fa2_speedup", "{:.2f}x"),
+]
+
+
+def format_table(rows: list[dict]) -> str:
+    """A plain aligned text table (only the columns some row has)."""
+    cols = [(c, f) for c, f in COLUMNS if any(c in r for r in rows)]
+    cells = [[c for c, _ in cols]]
+    for r in rows:
+        cells.append([f.format(r[c]) if c in r else "-" for c, f in cols])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+__all__ = ["SHAPES", "format_table", "run_attention_bench"]

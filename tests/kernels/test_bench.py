@@ -1,0 +1,64 @@
+"""The attention benchmark and its CLI on tiny sizes: fields, ratios, errors, JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sketchwalk.app.cli import main
+from sketchwalk.benchmarks.attention import decode_block_list, format_table, run_attention_bench
+
+KEYS = {
+    "phase", "shape", "dtype", "device", "backend", "seq_len", "density", "achieved_density",
+    "dense_ms", "sparse_ms", "overhead_ms", "kernel_ms", "speedup",
+}  # fmt: skip
+
+
+def test_rows_have_the_fields_and_consistent_ratios():
+    rows = run_attention_bench(
+        "cpu", [300], [0.2, 0.5], ["smollm2"], repeats=1, phases=("prefill", "decode")
+    )
+    assert [(r["phase"], r["density"]) for r in rows] == [
+        ("prefill", 0.2), ("prefill", 0.5), ("decode", 0.2), ("decode", 0.5),
+    ]  # fmt: skip
+    for r in rows:
+        assert r.keys() >= KEYS
+        assert r["shape"] == "smollm2" and r["device"] == "cpu" and r["backend"] == "cpu"
+        assert r["sparse_ms"] == pytest.approx(r["overhead_ms"] + r["kernel_ms"], abs=2e-3)
+        assert r["speedup"] == pytest.approx(r["dense_ms"] / r["sparse_ms"], rel=1e-2, abs=1e-3)
+        assert 0 < r["achieved_density"] <= 1
+    assert rows[0]["overhead_ms"] > 0  # selection is timed, not skipped
+    table = format_table(rows)
+    assert table.splitlines()[0].split()[:3] == ["phase", "shape", "dtype"]
+    assert len(table.splitlines()) == 2 + len(rows)
+
+
+def test_decode_list_density_and_forced_blocks():
+    idx, cnt = decode_block_list(100, 0.2, sink=3, window=5, device="cpu")
+    ids = idx[0, 0, 0, : int(cnt)].tolist()
+    assert ids == sorted(set(ids)) and len(ids) == 20
+    assert {0, 1, 2, 95, 96, 97, 98, 99} <= set(ids)
+
+
+def test_cli_json(capsys):
+    argv = ["bench", "attention", "--seq-len", "200", "--density", "0.3", "--repeats", "1"]
+    assert main([*argv, "--json", "--dtype", "bf16"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 1 and rows[0]["dtype"] == "bfloat16" and rows[0].keys() >= KEYS
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--density", "0"], "density must be in (0, 1]"),
+        (["--density", "1.5"], "density must be in (0, 1]"),
+        (["--seq-len", "0"], "sequence length must be at least 1"),
+        (["--repeats", "0"], "repeats must be at least 1"),
+        (["--device", "cuda"], "no CUDA device"),
+    ],
+)
+def test_cli_bad_input_is_one_line(capsys, extra, message):
+    assert main(["bench", "attention", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
