@@ -41,14 +41,14 @@ def forced_mask(
     n_kblocks: int,
     block_size: int,
     seq_start: torch.Tensor,
-    seq_end: int,
+    seq_end: torch.Tensor,
     sink: float,
     window: float,
 ) -> torch.Tensor:
     """[B, nq, nk]: sink blocks (first ceil(sink*T/b) real blocks) and the window blocks.
 
     The window covers the last ceil(window*T) tokens up to and including each row block's last
-    token (at least the diagonal block). T is the real length of each sequence.
+    token (at least the diagonal block). T is the real length of each sequence, seq_start/seq_end [B] its span.
     """
     device = q_blocks.device
     length = (seq_end - seq_start).clamp(min=1).float()  # [B]
@@ -57,8 +57,8 @@ def forced_mask(
     w_tok = torch.ceil(window * length).long().clamp(min=1)
     j = torch.arange(n_kblocks, device=device)
     sink_m = j[None, None, :] < (start_block + n_sink)[:, None, None]
-    row_end = torch.clamp((q_blocks + 1) * block_size, max=seq_end) - 1  # [nq]
-    first = ((row_end[None, :] - w_tok[:, None] + 1).clamp(min=0)) // block_size  # [B, nq]
+    row_end = torch.minimum((q_blocks[None, :] + 1) * block_size, seq_end[:, None]) - 1  # [B, nq]
+    first = (row_end - w_tok[:, None] + 1).clamp(min=0) // block_size
     win_m = j[None, None, :] >= first[:, :, None]
     return sink_m | win_m
 
@@ -69,7 +69,7 @@ def select_blocks(
     block_size: int,
     density: float,
     seq_start: torch.Tensor,
-    seq_end: int,
+    seq_end: torch.Tensor,
     sink: float,
     window: float,
     dense_rows: torch.Tensor | None = None,

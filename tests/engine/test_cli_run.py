@@ -1,0 +1,77 @@
+"""`sketchwalk run`: JSON output, storage, and one-line errors that write nothing."""
+
+import json
+
+import pytest
+
+from sketchwalk.app.cli import main
+
+PROMPT = "Sketch and walk over blocks of tokens, layer after layer. " * 6
+
+
+def test_run_json_on_tiny_model_is_stored(tiny_model_dir, tmp_path, capsys):
+    db = tmp_path / "runs.duckdb"
+    rc = main(
+        [
+            "run",
+            PROMPT,
+            "--model",
+            str(tiny_model_dir),
+            "--block-size",
+            "16",
+            "--max-new-tokens",
+            "4",
+            "--db",
+            str(db),
+            "--json",
+        ]
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in (
+        "run_id",
+        "model",
+        "prompt_tokens",
+        "method",
+        "density_target",
+        "density_achieved",
+        "top1_agreement",
+        "kl_mean",
+        "ppl_dense",
+        "ppl_sparse",
+        "dense_text",
+        "sparse_text",
+        "timings",
+    ):
+        assert key in out
+    assert out["run_id"] and out["density_target"] == 0.2
+    from sketchwalk.store import open_store
+
+    with open_store(str(db)) as store:
+        runs = store.list_runs()
+        assert (
+            list(runs["id"]) == [out["run_id"]] and store.get_run(out["run_id"])["status"] == "done"
+        )
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["run", ""], "empty"),
+        (["run", "x", "--density", "0"], "density"),
+        (["run", "x", "--block-size", "48"], "power of two"),
+        (["run", "x", "--sketch-dim", "0"], "sketch dim"),
+        (["run", "--prompt-file", "/no/such/file"], "cannot read prompt file"),
+        (["run", "hello world", "--block-size", "64"], "larger than the prompt"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(argv, words, tiny_model_dir, tmp_path, capsys):
+    db = tmp_path / "runs.duckdb"
+    rc = main(argv + ["--model", str(tiny_model_dir), "--db", str(db)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and words in err[0]
+    if db.exists():
+        from sketchwalk.store import open_store
+
+        with open_store(str(db)) as store:
+            assert len(store.list_runs()) == 0

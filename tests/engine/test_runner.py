@@ -1,0 +1,96 @@
+"""The runner and model loading on real checkpoints: the tiny folder and the default SmolLM2."""
+
+import pytest
+import torch
+
+from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.engine.models import ModelError, load_model
+from sketchwalk.engine.runner import PromptError, RunOptions, run
+from sketchwalk.errors import SketchWalkError
+
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_model(str(tiny_model_dir))
+
+
+def test_run_on_tiny_model_produces_every_record(tiny):
+    cfg = SketchWalkConfig(block_size=16, density=0.3, dense_layers=(0,))
+    res = run(tiny, PROMPT, cfg, RunOptions(max_new_tokens=6))
+    n = res.prompt_tokens
+    assert n > 64 and res.model_id.endswith("tiny-llama")
+    m = res.metrics
+    for key in (
+        "kl_mean",
+        "top1_agreement",
+        "ppl_dense",
+        "ppl_sparse",
+        "density_achieved",
+        "gen_kl_mean",
+    ):
+        assert m[key] is not None and m[key] == m[key], key
+    assert 0.3 <= m["density_achieved"] < 1.0 and 0.0 <= m["top1_agreement"] <= 1.0
+    phases = {(r.phase, r.layer) for r in res.layers}
+    assert {("prefill", layer) for layer in range(4)} <= phases
+    assert any(p == "decode" for p, _ in phases)
+    prompt_rows = [t for t in res.tokens if t.position < n]
+    assert len(prompt_rows) == 2 * n
+    gen = [t for t in res.tokens if t.position >= n and t.variant == "sparse"]
+    assert len(gen) == 6 and all(t.kl is not None and t.logprob <= 0 for t in gen)
+    assert res.blocks[0].start == 0 and res.blocks[-1].end == n + 6
+    assert res.timings["sparse_prefill_ms"] > 0 and res.timings["sketch_ms"] > 0
+
+
+def test_density_one_run_is_lossless(tiny):
+    cfg = SketchWalkConfig(block_size=16, density=1.0, dense_tail_blocks=0, dense_layers=())
+    res = run(tiny, PROMPT, cfg, RunOptions(max_new_tokens=5, record=False))
+    assert res.metrics["kl_mean"] < 1e-6 and res.metrics["top1_agreement"] == 1.0
+    assert res.dense_text == res.sparse_text and res.layers == []
+
+
+@pytest.mark.parametrize(
+    "prompt, cfg, opts, words",
+    [
+        ("", SketchWalkConfig(), RunOptions(), "empty"),
+        ("hello there", SketchWalkConfig(block_size=64), RunOptions(), "larger than the prompt"),
+        (
+            PROMPT,
+            SketchWalkConfig(block_size=16),
+            RunOptions(max_prompt_tokens=50),
+            "exceeds the limit",
+        ),
+    ],
+)
+def test_bad_prompts_are_refused_before_any_work(tiny, prompt, cfg, opts, words):
+    with pytest.raises(PromptError, match=words):
+        run(tiny, prompt, cfg, opts)
+
+
+def test_model_errors_are_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match="cannot load model") as e:
+        load_model("no-such-org/no-such-model")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ModelError, match="no config.json"):
+        load_model(str(tmp_path))
+    with pytest.raises(SketchWalkError, match="dtype"):
+        load_model("smollm2", dtype="int3")
+
+
+@pytest.mark.slow
+def test_default_model_at_density_one_equals_dense():
+    """The real SmolLM2 (GQA 9/3 heads): identical logits and greedy text at density 1.0."""
+    lm = load_model()
+    assert lm.model_id == "smollm2" and lm.max_context == 8192 and len(lm.model_hash) == 64
+    with open("/usr/share/common-licenses/GPL-3") as f:
+        text = f.read()[:3000]
+    cfg = SketchWalkConfig(density=1.0, dense_tail_blocks=0, dense_layers=())
+    res = run(lm, text, cfg, RunOptions(max_new_tokens=8, record=False))
+    assert res.metrics["kl_mean"] < 1e-6 and res.metrics["top1_agreement"] == 1.0
+    assert res.dense_text == res.sparse_text
+    cfg = SketchWalkConfig(density=0.2, dense_tail_blocks=1)
+    sparse = run(lm, text, cfg, RunOptions(max_new_tokens=8, record=False))
+    assert sparse.metrics["density_achieved"] < 0.6 and sparse.metrics["top1_agreement"] > 0.5
+    assert torch.isfinite(torch.tensor(sparse.metrics["kl_mean"]))

@@ -1,0 +1,92 @@
+import math
+
+import pytest
+import torch
+
+from sketchwalk.engine.sketch import (
+    aggregate_heads,
+    block_means,
+    block_pool,
+    causal_block_softmax,
+    fwht,
+    make_srht,
+)
+
+
+def hadamard(m: int) -> torch.Tensor:
+    h = torch.ones(1, 1)
+    while h.shape[0] < m:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(m)
+
+
+@pytest.mark.parametrize("m", [1, 2, 8, 64, 128])
+def test_fwht_matches_explicit_hadamard(m):
+    x = torch.randn(3, 5, m, dtype=torch.float64)
+    assert torch.allclose(fwht(x), x @ hadamard(m).double().T, atol=1e-10)
+
+
+def test_fwht_rejects_non_power_of_two():
+    with pytest.raises(ValueError):
+        fwht(torch.randn(4, 6))
+
+
+@pytest.mark.parametrize("d, r", [(64, 32), (64, 128), (80, 16), (128, 128)])
+def test_srht_inner_products_are_unbiased_over_seeds(d, r):
+    torch.manual_seed(1)
+    x, y = torch.randn(d), torch.randn(d)
+    est = torch.stack(
+        [(s(x) * s(y)).sum() for s in (make_srht(d, r, seed, 0) for seed in range(3000))]
+    )
+    exact = float(x @ y)
+    se = float(est.std()) / math.sqrt(len(est))
+    assert abs(float(est.mean()) - exact) < 4 * se + 1e-4
+    if r >= 1 << (d - 1).bit_length():  # nothing dropped: exact for every seed (orthonormal)
+        assert torch.allclose(est, torch.full_like(est, exact), atol=1e-3)
+
+
+def test_srht_is_reproducible_and_differs_by_layer():
+    a, b, c = make_srht(64, 16, 7, 3), make_srht(64, 16, 7, 3), make_srht(64, 16, 7, 4)
+    assert torch.equal(a.signs, b.signs) and torch.equal(a.keep, b.keep)
+    assert not (torch.equal(a.signs, c.signs) and torch.equal(a.keep, c.keep))
+    assert a.keep.shape == (16,) and a(torch.randn(2, 64)).shape == (2, 16)
+
+
+def test_block_pool_ignores_padding_and_partial_blocks():
+    x = torch.randn(2, 3, 10, 4)
+    valid = torch.ones(2, 10, dtype=torch.bool)
+    valid[1, :3] = False  # left padding of 3 in sequence 1
+    sums, counts = block_pool(x, 4, valid)
+    means = block_means(sums, counts)
+    assert counts.tolist() == [[4, 4, 2], [1, 4, 2]]
+    assert torch.allclose(
+        means[0, :, 2], x[0, :, 8:10].mean(1)
+    )  # partial last block: real tokens only
+    assert torch.allclose(means[1, :, 0], x[1, :, 3])  # only the real token of a padded block
+
+
+def test_block_pool_with_offset_aligns_to_absolute_blocks():
+    x = torch.randn(1, 1, 5, 2)
+    sums, counts = block_pool(x, 4, offset=6)  # positions 6..10
+    assert counts.tolist() == [[0, 2, 3]]
+    assert torch.allclose(sums[0, 0, 1], x[0, 0, :2].sum(0))
+
+
+def test_causal_block_softmax_rows_sum_to_one_and_are_causal():
+    logits = torch.randn(2, 3, 2, 6, 6)
+    valid = torch.ones(2, 6, dtype=torch.bool)
+    p = causal_block_softmax(logits, valid, torch.arange(6))
+    assert torch.allclose(p.sum(-1), torch.ones(2, 3, 2, 6))
+    assert torch.all(p.triu(1) == 0)
+    a = aggregate_heads(p, per_group=False)
+    assert a.shape == (2, 1, 6, 6) and torch.allclose(a.sum(-1), torch.ones(2, 1, 6))
+    assert aggregate_heads(p, per_group=True).shape == (2, 3, 6, 6)
+
+
+def test_causal_block_softmax_masks_before_normalising():
+    """Future blocks must get no probability mass (the reference code leaks it)."""
+    logits = torch.zeros(1, 1, 1, 4, 4)
+    logits[..., 3] = 100.0  # a huge future logit
+    p = causal_block_softmax(logits, torch.ones(1, 4, dtype=torch.bool), torch.arange(4))
+    assert torch.allclose(p[0, 0, 0, 0], torch.tensor([1.0, 0, 0, 0]))
+    assert torch.allclose(p[0, 0, 0, 1], torch.tensor([0.5, 0.5, 0, 0]))
