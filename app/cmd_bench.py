@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 from sketchwalk.errors import SketchWalkError
@@ -62,6 +63,12 @@ def run_attention(args: argparse.Namespace) -> int:
 
     from sketchwalk.benchmarks.attention import format_table, run_attention_bench
 
+    if args.device == "cpu" and "OMP_WAIT_POLICY" not in os.environ:
+        print(
+            "note: on a shared CPU run with OMP_WAIT_POLICY=passive; with spinning OpenMP workers "
+            "each small parallel op of the sparse path can wait a scheduler tick (~8 ms here)",
+            file=sys.stderr,
+        )
     phases = ("prefill", "decode") if args.phase == "both" else (args.phase,)
     total = len(args.shape) * len(args.seq_len) * len(args.density) * len(phases)
     with tqdm(total=total, desc="bench attention", unit="config", file=sys.stderr) as bar:
