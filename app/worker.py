@@ -105,6 +105,8 @@ def execute_job(
         prompt = req.get("prompt")
         if not isinstance(prompt, str):
             raise SketchWalkError("the job has no prompt text")
+        if not prompt.strip():
+            raise SketchWalkError("the prompt is empty")
         if len(prompt) > settings.max_prompt_chars:
             raise SketchWalkError(
                 f"the prompt has {len(prompt)} characters; the limit is {settings.max_prompt_chars}"

@@ -1,0 +1,192 @@
+"""figures.py: pure functions from store data to plotly figures, checked on real stored runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sketchwalk.app import figures
+from sketchwalk.store import open_store
+
+
+@pytest.fixture(scope="module")
+def stored(seeded):
+    url, ids = seeded
+    store = open_store(url)
+    yield store, ids
+    store.close()
+
+
+def _sparse_layer(store, run_id) -> int:
+    steps = store.steps(run_id)
+    return int(steps[(steps["phase"] == "prefill") & ~steps["dense"]]["layer"].iloc[0])
+
+
+def test_escape_text_blocks_html_and_keeps_it_visible():
+    out = figures.escape_text("<script>alert(1)</script>\n&<img src=x onerror=alert(2)>")
+    assert "<" not in out and ">" not in out
+    assert out.startswith("&lt;script&gt;alert(1)&lt;/script&gt;⏎&amp;&lt;img")
+    assert figures.escape_text("abcdef", 4) == "abc…"
+
+
+def test_block_labels_are_unique_escaped_and_name_the_span():
+    blocks = pd.DataFrame(
+        {"block": [0, 1], "token_start": [0, 16], "token_end": [16, 20], "text": ["<b>x</b>", "y"]}
+    )
+    labels = figures.block_labels(blocks, 3)
+    assert labels[0] == "B0 · t0-15 · «&lt;b&gt;x&lt;/b&gt;»"
+    assert labels[1].startswith("B1 · t16-19")
+    assert labels[2] == "B2" and len(set(labels)) == 3
+
+
+def test_layer_figures_have_the_stored_matrices(stored):
+    store, ids = stored
+    rid = ids["sketchwalk"]
+    layer = _sparse_layer(store, rid)
+    hm = store.heatmap(rid, "prefill", 0, layer)
+    n = hm["n_blocks"]
+    figs = figures.layer_figures(hm, store.blocks(rid), log=False)
+    assert set(figs) == {"sketch", "walk", "exact", "mask"}
+    for name in ("sketch", "walk", "exact"):
+        z = np.asarray(figs[name].data[0].z, dtype=np.float32)
+        assert z.shape == (n, n)
+        np.testing.assert_allclose(z, hm[name], equal_nan=True)
+        assert np.isnan(z[0, 1])  # non-causal cells are blank
+    mask = np.asarray(figs["mask"].data[0].z, dtype=np.float32)
+    assert np.nansum(mask) == hm["selected"].sum()
+    assert figs["sketch"].data[0].x[0].startswith("B0 · t0-15")
+    log = figures.layer_figures(hm, None, log=True)["exact"].data[0].z
+    assert np.nanmin(log) >= np.log10(figures.LOG_FLOOR) - 1e-6
+
+
+def test_dense_layer_has_no_walk_or_mask(stored):
+    store, ids = stored
+    hm = store.heatmap(ids["sketchwalk"], "prefill", 0, 0)
+    figs = figures.layer_figures(hm, None)
+    assert "walk" not in figs and "mask" not in figs and "sketch" in figs
+
+
+def test_misses_are_unselected_blocks_with_large_exact_mass():
+    exact = np.array([[1.0, np.nan], [0.3, 0.7]])
+    selected = np.array([[True, False], [False, True]])
+    rows, cols = figures.find_misses(exact, selected, 0.25)
+    assert rows.tolist() == [1] and cols.tolist() == [0]
+    fig = figures.mask_figure(
+        selected, figures.causal_mask(2, 2), ["a", "b"], ["a", "b"], misses=(rows, cols)
+    )
+    assert len(fig.data[1].x) == 1 and "misses (1)" in fig.data[1].name
+
+
+@pytest.mark.parametrize("density", [0.05, 0.2, 0.37, 0.6, 1.0])
+def test_preview_keeps_exactly_the_budget(stored, density):
+    store, ids = stored
+    rid = ids["sketchwalk"]
+    run = store.get_run(rid)
+    hm = store.heatmap(rid, "prefill", 0, _sparse_layer(store, rid))
+    n = hm["n_blocks"]
+    kept = figures.preview_selection(hm["walk"], run["prompt_tokens"], run["config"], density)
+    cand, forced, budget = figures.selection_rule(n, run["prompt_tokens"], run["config"], density)
+    assert (kept.sum(1) == budget).all()
+    assert not (kept & ~cand).any() and not (forced & ~kept).any()
+    i = np.arange(n)
+    assert (budget >= np.minimum(np.ceil(density * (i + 1) - 1e-9), i + 1)).all()
+    # the non-forced kept blocks are the top walk scores of their row
+    for r in range(n):
+        free = cand[r] & ~forced[r]
+        if kept[r][free].any() and (free & ~kept[r]).any():
+            assert hm["walk"][r][free & kept[r]].min() >= hm["walk"][r][free & ~kept[r]].max()
+
+
+def test_preview_at_the_run_density_reproduces_the_engine_selection(stored):
+    store, ids = stored
+    for name in ("sketchwalk", "nowalk"):
+        rid = ids[name]
+        run = store.get_run(rid)
+        steps = store.steps(rid)
+        sparse = steps[(steps["phase"] == "prefill") & ~steps["dense"]]["layer"]
+        for layer in sparse:
+            hm = store.heatmap(rid, "prefill", 0, int(layer))
+            kept = figures.preview_selection(
+                figures.method_scores(hm, run["method"]),
+                run["prompt_tokens"],
+                run["config"],
+                run["config"]["density"],
+            )
+            np.testing.assert_array_equal(kept, hm["selected"])
+
+
+def test_layer_curves_and_depth_view(stored):
+    store, ids = stored
+    rid = ids["sketchwalk"]
+    run = store.get_run(rid)
+    stats = store.layer_stats(rid, "prefill")
+    fig = figures.layer_curves(stats, 2)
+    names = {t.name for t in fig.data}
+    assert {"achieved density", "mass recall"} <= names
+    assert len(fig.data[0].x) == len(stats)
+    layers = [(int(x), store.heatmap(rid, "prefill", 0, int(x))) for x in stats["layer"]]
+    n = layers[0][1]["n_blocks"]
+    depth = figures.depth_matrices(layers, n - 1, run["prompt_tokens"], run["config"])
+    sparse = stats[~stats["dense"]]["layer"].tolist()
+    assert depth["layers"] == sparse
+    assert depth["walk"].shape == (len(sparse), n)
+    assert not (depth["rescued"] & ~depth["selected"]).any()
+    dfigs = figures.depth_figures(depth, store.blocks(rid))
+    assert set(dfigs) == {"sketch", "walk", "exact"}
+    assert np.asarray(dfigs["walk"].data[0].z).shape == (len(sparse), n)
+
+
+def test_decode_figure_rows_are_generated_tokens(stored):
+    store, ids = stored
+    rid = ids["sketchwalk"]
+    layer = _sparse_layer(store, rid)
+    rows = store.decode_rows(rid, layer)
+    fig = figures.decode_figure(rows, ["<a>", "b", "c", "d"], store.blocks(rid))
+    assert fig is not None
+    z = np.asarray(fig.data[0].z, dtype=np.float32)
+    assert z.shape == rows["selected"].shape
+    assert "&lt;a&gt;" in fig.data[0].y[0]
+    assert figures.decode_figure({"steps": []}, [], None) is None
+
+
+def test_token_table_flags_divergence_and_kl_strip():
+    toks = pd.DataFrame(
+        {
+            "variant": ["dense"] * 4 + ["sparse"] * 4,
+            "position": [0, 1, 2, 3] * 2,
+            "token_id": [5, 6, 7, 8, 5, 6, 9, 8],
+            "text": ["a", "b", "c", "d", "a", "b", "<x>", "d"],
+            "logprob": [None, -1, -1, -1] * 2,
+            "kl": [None] * 4 + [None, 0.1, 0.2, 0.3],
+        }
+    )
+    table = figures.token_table(toks, 1)
+    assert table["position"].tolist() == [1, 2, 3]
+    assert table["same"].tolist() == [True, False, True]
+    assert table["diverged"].tolist() == [False, True, True]
+    strip = figures.kl_strip(toks, 2)
+    assert list(strip.data[0].x) == [0, 1, 2, 3]
+    assert strip.data[0].customdata[2] == "&lt;x&gt;"
+
+
+def test_speedups_and_sweep():
+    stats = pd.DataFrame(
+        {
+            "layer": [0, 1, 2],
+            "dense": [True, False, False],
+            "t_sketch_ms": [None, 1.0, 1.0],
+            "t_walk_ms": [None, 0.5, 0.5],
+            "t_select_ms": [None, 0.5, 0.5],
+            "t_attention_ms": [5.0, 2.0, 3.0],
+            "t_dense_ms": [None, 8.0, 10.0],
+        }
+    )
+    np.testing.assert_allclose(figures.speedups(stats[~stats["dense"]]), [2.0, 2.0])
+    assert figures.overall_speedup(stats) == pytest.approx(18 / 9)
+    fig = figures.stage_figure(stats)
+    assert [t.name for t in fig.data][:4] == ["sketch", "walk", "select", "sparse attention"]
+    assert list(fig.data[0].x) == [1, 2]
+    points = pd.DataFrame({"density": [0.3, 0.1], "speedup": [1.5, 3.0], "kl": [0.01, 0.05]})
+    sweep = figures.sweep_figure(points)
+    assert list(sweep.data[0].x) == [0.1, 0.3] and list(sweep.data[1].y) == [0.05, 0.01]

@@ -1,0 +1,302 @@
+"""Every page through Streamlit's AppTest: widgets set, figures, metrics and messages checked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from app_helpers import INJECTION, new_app, spec, z_array
+
+from sketchwalk.app import prompts
+from sketchwalk.app.worker import Worker
+from sketchwalk.store import open_store
+
+
+def charts(at) -> dict[str, dict]:
+    """Plotly charts of the page by figure title."""
+    out = {}
+    for el in at.get("plotly_chart"):
+        fig = spec(el)
+        out[fig["layout"].get("title", {}).get("text", "")] = fig
+    return out
+
+
+def texts(at) -> list[str]:
+    return [t.value for t in at.text]
+
+
+def on_page(at, page: str, run_id: str | None = None):
+    if run_id is not None:
+        at.session_state["run_id"] = run_id
+    at.switch_page(f"pages/{page}.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
+# ---- New run ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_db(monkeypatch, tmp_path):
+    url = str(tmp_path / "fresh.duckdb")
+    monkeypatch.setenv("SKETCHWALK_DB", url)
+    monkeypatch.setenv("SKETCHWALK_APP_WORKER", "0")
+    return url
+
+
+def test_new_run_validates_submits_and_shows_the_finished_job(fresh_db, tiny_model, models):
+    at = new_app().run()
+    assert not at.exception
+    assert at.button(key="btn_run").disabled  # nothing typed yet
+    assert "Type or paste a prompt" in at.info[0].value
+
+    at.selectbox(key="nr_sample").select(list(prompts.SAMPLES)[0]).run()
+    assert at.text_area(key="nr_prompt").value.startswith(prompts.license_text()[:40])
+    assert at.caption[0].value.startswith("1982 tokens · limit 8192 tokens for smollm2")
+
+    at.text_input(key="nr_model").input("/no/such/model").run()
+    assert any("cannot load model '/no/such/model'" in e.value for e in at.error)
+    at.text_input(key="nr_model").input(tiny_model).run()
+    at.text_area(key="nr_prompt").input("   ").run()
+    assert any("The prompt is empty" in e.value for e in at.error)
+    at.text_area(key="nr_prompt").input("hello there").run()
+    assert any("Block size 64 is larger than the prompt" in e.value for e in at.error)
+    at.text_area(key="nr_prompt").input(prompts.license_text()[:900]).run()
+    at.text_input(key="nr_dense_layers").input("0,x").run()
+    assert any("Dense layers must be comma-separated integers" in e.value for e in at.error)
+    at.text_input(key="nr_dense_layers").input("-1").run()
+    assert any("dense layers must be non-negative" in e.value for e in at.error)
+    assert at.button(key="btn_run").disabled
+    at.text_input(key="nr_dense_layers").input("0").run()
+    at.selectbox(key="nr_block_size").select(16).run()
+    at.slider(key="nr_density").set_value(0.35).run()
+    at.number_input(key="nr_max_new").set_value(3).run()
+    assert not at.error and not at.button(key="btn_run").disabled
+
+    at.button(key="btn_run").click().run()
+    store = open_store(fresh_db)
+    jobs = store.list_jobs()
+    assert len(jobs) == 1 and jobs[0].status == "queued"
+    req = jobs[0].request
+    assert req["config"]["density"] == 0.35 and req["config"]["dense_layers"] == [0]
+    assert req["model"] == tiny_model and req["max_new_tokens"] == 3
+    assert "queued" in at.get("progress")[0].proto.text
+
+    Worker(store, models=models).drain()
+    at.run()
+    assert at.success and "done" in at.success[0].value
+    at.button(key=f"open_{jobs[0].id}").click().run()
+    assert not at.exception
+    assert at.session_state["run_id"] == store.get_job(jobs[0].id).run_id
+    assert "Explore" in at.title[0].value
+    assert "Sketch estimate A_l" in charts(at)
+
+
+def test_new_run_refuses_prompts_over_the_configured_limit(fresh_db, tiny_model, monkeypatch):
+    monkeypatch.setenv("SKETCHWALK_MAX_PROMPT_TOKENS", "100")
+    at = new_app()
+    at.session_state["nr_model"] = tiny_model
+    at.session_state["nr_prompt"] = prompts.license_text()[:2000]
+    at.run()
+    err = [e.value for e in at.error]
+    assert any("exceeds the limit of 100 tokens" in e for e in err), err
+    assert at.button(key="btn_run").disabled
+
+
+# ---- Explore ---------------------------------------------------------------------------------
+
+
+def test_explore_draws_the_layer_matrices_and_follows_the_slider(app_env):
+    url, ids = app_env
+    store = open_store(url)
+    rid = ids["sketchwalk"]
+    stats = store.layer_stats(rid, "prefill")
+    at = on_page(new_app().run(), "explore", rid)
+
+    layer = at.select_slider(key="ex_layer").value
+    assert layer == 2  # first sparse layer by default (0 and 1 are dense)
+    figs = charts(at)
+    for title in ("Sketch estimate A_l", "Walk score W_l", "Exact block mass", "Selected blocks"):
+        assert title in figs
+    hm = store.heatmap(rid, "prefill", 0, layer)
+    n = hm["n_blocks"]
+    walk = z_array(figs["Walk score W_l"]["data"][0])
+    assert walk.shape == (n, n)
+    np.testing.assert_allclose(
+        walk, np.log10(np.maximum(hm["walk"], 1e-6)), rtol=1e-5, equal_nan=True
+    )  # log scale is on by default
+    metrics = {m.label: m.value for m in at.metric}
+    row = stats[stats["layer"] == layer].iloc[0]
+    assert metrics["Achieved density"] == f"{row['density_achieved']:.3f}"
+    assert metrics["Mass recall"] == f"{row['mass_recall']:.3f}"
+
+    at.toggle(key="ex_log").set_value(False).run()
+    at.select_slider(key="ex_layer").set_value(3).run()
+    hm3 = store.heatmap(rid, "prefill", 0, 3)
+    z = z_array(charts(at)["Walk score W_l"]["data"][0])
+    np.testing.assert_allclose(z, hm3["walk"], rtol=1e-6, equal_nan=True)
+    assert "Layer 3" in at.caption[0].value
+
+    at.select_slider(key="ex_layer").set_value(0).run()
+    assert "runs dense attention" in at.info[0].value
+    assert "Walk score W_l" not in charts(at)
+
+
+def test_explore_preview_rethresholds_and_queues_a_real_rerun(app_env):
+    url, ids = app_env
+    store = open_store(url)
+    rid = ids["sketchwalk"]
+    at = on_page(new_app().run(), "explore", rid)
+    at.slider(key="ex_preview_density").set_value(0.5).run()
+    figs = charts(at)
+    title = next(t for t in figs if t.startswith("PREVIEW (not a run)"))
+    assert "density 0.50" in title
+    kept = z_array(figs[title]["data"][0])
+    run = store.get_run(rid)
+    from sketchwalk.app import figures
+
+    _, _, budget = figures.selection_rule(kept.shape[0], run["prompt_tokens"], run["config"], 0.5)
+    assert (np.nansum(kept, axis=1) == budget).all()
+    metrics = {m.label: m.value for m in at.metric}
+    causal = figures.causal_mask(kept.shape[0], kept.shape[0])
+    assert metrics["Preview density"] == f"{np.nansum(kept) / causal.sum():.3f}"
+
+    before = {j.id for j in store.list_jobs()}
+    at.button(key="btn_rerun_density").click().run()
+    new = [j for j in store.list_jobs() if j.id not in before]
+    assert len(new) == 1
+    assert new[0].request["config"]["density"] == 0.5
+    assert new[0].request["prompt"] == run["prompt"]
+    assert "Queued job" in at.success[0].value
+
+
+def test_explore_depth_and_decode_views(app_env):
+    url, ids = app_env
+    at = on_page(new_app().run(), "explore", ids["sketchwalk"])
+    at.radio(key="ex_view").set_value("Depth view (the walk)").run()
+    figs = charts(at)
+    assert {"Direct estimate (rows of A_l)", "Walk score (rows of W_l)"} <= set(figs)
+    depth = z_array(figs["Walk score (rows of W_l)"]["data"][0])
+    assert depth.shape[0] == 2  # two sparse layers in the tiny model
+    assert any("kept thanks to the walk" in c.value for c in at.caption)
+    at.radio(key="ex_view").set_value("Decode tokens").run()
+    title = next(t for t in charts(at) if t.startswith("Decode"))
+    y = charts(at)[title]["data"][0]["y"]
+    assert y[0].startswith("step 1 · «")
+    at.radio(key="ex_phase").set_value("decode").run()
+    assert not at.exception
+    assert at.select_slider(key="ex_step").value == 1
+
+
+def test_explore_play_advances_to_the_last_layer(app_env, monkeypatch):
+    url, ids = app_env
+    import sketchwalk.app.pages  # noqa: F401  (the page module reads PLAY_INTERVAL_S at run time)
+
+    at = on_page(new_app().run(), "explore", ids["sketchwalk"])
+    at.button(key="btn_play").click().run()
+    assert at.select_slider(key="ex_layer").value == 3  # played through to the last layer
+    assert not at.session_state["ex_playing"]
+
+
+def _strings(obj) -> list[str]:
+    if isinstance(obj, str):
+        return [obj]
+    if isinstance(obj, dict):
+        return [s for v in obj.values() for s in _strings(v)]
+    if isinstance(obj, list):
+        return [s for v in obj for s in _strings(v)]
+    return []
+
+
+def chart_strings(at) -> str:
+    """Every string inside the page's plotly figures (parsed, so JSON escapes cannot hide '<')."""
+    return "\n".join(s for el in at.get("plotly_chart") for s in _strings(spec(el)))
+
+
+def test_prompt_html_renders_as_text_everywhere(app_env):
+    url, ids = app_env
+    at = on_page(new_app().run(), "explore", ids["injection"])
+    assert any(t.startswith(INJECTION) for t in texts(at))  # st.text: shown literally
+    labels = chart_strings(at)
+    assert "«&lt;script&gt;alert(1)&lt;/script&gt;" in labels  # hover labels: escaped
+    assert "<script" not in labels and "<img" not in labels
+    for md in at.markdown:
+        assert "<script>" not in md.value and "onerror" not in md.value
+    at.radio(key="ex_view").set_value("Depth view (the walk)").run()
+    labels = chart_strings(at)
+    assert "&lt;script&gt;" in labels and "<script" not in labels
+    at = on_page(at, "compare", ids["injection"])
+    tokens = charts(at)["Per-token KL"]["data"][0]["customdata"]  # one hover text per token
+    assert "&lt;" in tokens and "&gt;&lt;" in tokens
+    assert not any("<" in t or ">" in t for t in tokens)
+
+
+# ---- Compare, Speed, Runs --------------------------------------------------------------------
+
+
+def test_compare_shows_metrics_generations_and_kl(app_env):
+    url, ids = app_env
+    store = open_store(url)
+    rid = ids["sketchwalk"]
+    run = store.get_run(rid)
+    at = on_page(new_app().run(), "compare", rid)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Top-1 agreement (prompt)"] == f"{run['metrics']['top1_agreement']:.3f}"
+    assert metrics["KL dense‖sparse (prompt)"] == f"{run['metrics']['kl_mean']:.4f}"
+    shown = [t.strip() for t in texts(at)]  # st.text dedents
+    assert run["dense_text"].strip() in shown and run["sparse_text"].strip() in shown
+    table = at.dataframe[0].value
+    assert len(table) == 4 and {"position", "diverged", "kl"} <= set(table.columns)
+    kl = charts(at)["Per-token KL"]["data"][0]
+    assert len(z_array({"z": kl["x"]}).ravel()) == run["prompt_tokens"] + 4
+
+    at.radio(key="cmp_mode").set_value("another run's sparse generation").run()
+    at.selectbox(key="cmp_other").set_value(ids["nowalk"]).run()
+    assert not at.exception
+    assert store.get_run(ids["nowalk"])["sparse_text"].strip() in [t.strip() for t in texts(at)]
+    assert {"A", "B"} <= set(at.dataframe[0].value.columns)
+
+
+def test_speed_shows_stage_times_and_queues_a_sweep(app_env):
+    url, ids = app_env
+    store = open_store(url)
+    rid = ids["sketchwalk"]
+    at = on_page(new_app().run(), "speed", rid)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Dense prefill"].endswith(" ms") and metrics[
+        "Attention speedup (sparse layers)"
+    ].endswith("×")
+    fig = charts(at)["Stage time per layer (ms) and speedup over dense"]
+    assert [t["name"] for t in fig["data"]][:5] == [
+        "sketch",
+        "walk",
+        "select",
+        "sparse attention",
+        "dense attention",
+    ]
+    assert z_array({"z": fig["data"][0]["x"]}).ravel().tolist() == [2, 3]
+    assert len(at.dataframe[0].value) == 1  # one run of this prompt with this method so far
+    before = {j.id for j in store.list_jobs()}
+    at.button(key="btn_sweep").click().run()
+    new = [j for j in store.list_jobs() if j.id not in before]
+    assert sorted(j.request["config"]["density"] for j in new) == [0.05, 0.1, 0.3, 0.5]
+
+
+def test_runs_table_filters_and_deletes(fresh_db, monkeypatch, seeded):
+    src_url, ids = seeded
+    with open_store(src_url) as src:
+        data = src.export_zip([ids["sketchwalk"], ids["nowalk"]])
+    with open_store(fresh_db) as dst:
+        dst.import_parquet(data)
+    at = new_app().run()
+    at = on_page(at, "runs")
+    assert len(at.dataframe[0].value) == 2
+    at.multiselect(key="runs_method").set_value(["nowalk"]).run()
+    view = at.dataframe[0].value
+    assert view["method"].tolist() == ["nowalk"]
+    at.multiselect(key="runs_picked").set_value([ids["nowalk"]]).run()
+    assert at.button(key="btn_delete").disabled  # needs the confirmation tick
+    at.checkbox(key="runs_confirm").check().run()
+    at.button(key="btn_delete").click().run()
+    assert not at.exception
+    with open_store(fresh_db) as s:
+        assert s.list_runs()["id"].tolist() == [ids["sketchwalk"]]

@@ -1,0 +1,199 @@
+"""The worker: jobs run through the real engine, fail with readable messages, survive restarts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from app_helpers import tiny_config
+
+from sketchwalk.app import worker as worker_mod
+from sketchwalk.app.settings import load
+from sketchwalk.app.worker import RESTART_REASON, Worker, make_request
+from sketchwalk.store import open_store
+
+TEXT = "The quick brown fox jumps over the lazy dog. " * 12
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store(str(tmp_path / "w.duckdb"))
+    yield s
+    s.close()
+
+
+def test_job_runs_stores_the_run_and_reuses_the_model(store, tiny_model, models):
+    w = Worker(store, models=models)
+    before = models.loads
+    a = store.enqueue_job(make_request(TEXT, tiny_config(), tiny_model, 2))
+    b = store.enqueue_job(make_request(TEXT, tiny_config(density=0.5), tiny_model, 2))
+    assert w.drain() == [a, b]
+    assert models.loads - before <= 1  # loaded at most once (the session may have it already)
+    for job_id in (a, b):
+        job = store.get_job(job_id)
+        assert job.status == "done" and job.progress == 1.0 and job.error is None
+        run = store.get_run(job.run_id)
+        assert run["status"] == "done" and run["prompt_tokens"] > 16
+        assert run["request"]["job_id"] == job_id
+    assert store.get_run(store.get_job(b).run_id)["config"]["density"] == 0.5
+    assert not store.layer_stats(store.get_job(a).run_id).empty
+
+
+@pytest.mark.parametrize(
+    ("request_changes", "message"),
+    [
+        ({"config": {"density": 0.0}}, "density must be in (0, 1]"),
+        ({"config": {"bogus": 1}}, "unknown config keys: bogus"),
+        ({"prompt": "   "}, "the prompt is empty"),
+        ({"max_new_tokens": 10_000}, "max new tokens must be between 0 and"),
+        ({"model": "/nonexistent/model-folder"}, "cannot load model"),
+    ],
+)
+def test_bad_input_fails_the_job_with_one_line_and_stores_no_run(
+    store, tiny_model, models, request_changes, message
+):
+    req = make_request(TEXT, tiny_config(), tiny_model, 2)
+    if "config" in request_changes:
+        req["config"] = {**req["config"], **request_changes.pop("config")}
+    req.update(request_changes)
+    job_id = store.enqueue_job(req)
+    Worker(store, models=models).drain()
+    job = store.get_job(job_id)
+    assert job.status == "failed"
+    assert message in job.error and "\n" not in job.error and "Traceback" not in job.error
+    assert store.list_runs().empty
+
+
+def test_prompt_over_the_configured_limit_is_refused(store, tiny_model, models, monkeypatch):
+    monkeypatch.setenv("SKETCHWALK_MAX_PROMPT_TOKENS", "64")
+    job_id = store.enqueue_job(make_request(TEXT * 3, tiny_config(), tiny_model, 2))
+    Worker(store, settings=load(), models=models).drain()
+    job = store.get_job(job_id)
+    assert job.status == "failed" and "exceeds the limit of 64 tokens" in job.error
+
+
+def test_a_crash_inside_the_run_fails_job_and_run_but_not_the_worker(
+    store, tiny_model, models, monkeypatch
+):
+    import sketchwalk.engine.runner as runner
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("out of memory\nsecond line")
+
+    monkeypatch.setattr(runner, "run", boom)
+    job_id = store.enqueue_job(make_request(TEXT, tiny_config(), tiny_model, 2))
+    w = Worker(store, models=models)
+    assert w.drain() == [job_id]
+    job = store.get_job(job_id)
+    assert job.status == "failed" and job.error == "the run failed: RuntimeError: out of memory"
+    assert store.get_run(job.run_id)["status"] == "failed"
+
+
+def test_restart_fails_running_jobs_and_resumes_queued_ones(store, tiny_model, models):
+    running = store.enqueue_job(make_request(TEXT, tiny_config(), tiny_model, 2))
+    claimed = store.claim_job("app@old")
+    assert claimed.id == running
+    run_id = store.create_run(
+        {"prompt": TEXT, "model": tiny_model, "config": tiny_config()}, status="running"
+    )
+    store.update_job(running, 0.4, "sparse prefill", run_id=run_id)
+    queued = store.enqueue_job(make_request(TEXT, tiny_config(), tiny_model, 2))
+    w = Worker(store, models=models).start()  # a new app process starting up
+    try:
+        deadline = time.monotonic() + 120
+        while store.get_job(queued).status in ("queued", "running") and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        w.stop(timeout=60)
+    assert w.recovered == [running]
+    dead = store.get_job(running)
+    assert dead.status == "failed" and dead.error == RESTART_REASON
+    assert store.get_run(run_id)["status"] == "failed"
+    assert store.get_job(queued).status == "done"
+    assert not w.alive
+
+
+def test_wake_runs_a_new_job_without_waiting_for_the_poll(store, tiny_model, models, monkeypatch):
+    monkeypatch.setenv("SKETCHWALK_POLL_S", "600")
+    w = Worker(store, settings=load(), models=models).start()
+    try:
+        time.sleep(0.3)  # the loop is now waiting on the (10 minute) poll
+        job_id = store.enqueue_job(make_request(TEXT, tiny_config(), tiny_model, 1))
+        w.wake()
+        deadline = time.monotonic() + 120
+        while store.get_job(job_id).status != "done" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert store.get_job(job_id).status == "done"
+    finally:
+        w.stop(timeout=60)
+
+
+def test_throttle_limits_progress_writes():
+    calls = []
+    t = worker_mod._Throttle(lambda f, m: calls.append(f), every_s=60)
+    for i in range(100):
+        t(i / 100, "x")
+    assert calls == [0.0]
+
+
+def test_worker_cli_refuses_a_duckdb_file_held_by_another_process(tmp_path):
+    db = tmp_path / "held.duckdb"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from sketchwalk.store import open_store; s = open_store(sys.argv[1]); "
+            "s.list_runs(); print('ready', flush=True); time.sleep(60)",
+            str(db),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        out = subprocess.run(
+            [sys.executable, "-m", "sketchwalk.app.cli", "worker", "--db", str(db), "--once"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "open in another process" in out.stderr
+
+
+def test_worker_cli_once_runs_queued_jobs(tmp_path, tiny_model):
+    db = str(tmp_path / "cli.duckdb")
+    with open_store(db) as s:
+        job_id = s.enqueue_job(make_request(TEXT, tiny_config(), tiny_model, 1))
+    out = subprocess.run(
+        [sys.executable, "-m", "sketchwalk.app.cli", "worker", "--db", db, "--once"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "ran 1 job(s), 0 failed" in out.stderr
+    with open_store(db) as s:
+        assert s.get_job(job_id).status == "done"
+
+
+def test_app_command_builds_a_headless_streamlit_command_and_checks_the_store(tmp_path):
+    from sketchwalk.app import cmd_app
+
+    argv = cmd_app.streamlit_argv(8599, "localhost")
+    assert argv[1:4] == ["-m", "streamlit", "run"] and argv[4].endswith("streamlit_app.py")
+    assert "--server.headless=true" in argv and "--server.port=8599" in argv
+    bad = tmp_path / "not-a-db.duckdb"
+    bad.write_text("hello")
+    out = subprocess.run(
+        [sys.executable, "-m", "sketchwalk.app.cli", "app", "--db", str(bad), "--port", "8599"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "not a valid DuckDB database file" in out.stderr
