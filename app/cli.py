@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+# Idle OpenMP workers must sleep, not spin: with spinning workers on a busy 2-core machine every
+# small parallel torch op waits for a scheduler tick (~8 ms), which dominates sparse attention.
+# It only takes effect if set before torch is imported, hence here, at the entry point.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from sketchwalk.errors import SketchWalkError
 

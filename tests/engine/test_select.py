@@ -16,14 +16,34 @@ def run_select(n=40, b=16, density=0.2, sink=0.05, window=0.05, groups=1, batch=
 
 
 @pytest.mark.parametrize("density", [0.05, 0.2, 0.5, 1.0])
-def test_budget_is_met_per_row_and_in_total(density):
+def test_plain_rule_keeps_the_row_share(density):
     n = 40
-    _, sel, mask = run_select(n=n, density=density, sink=0.0, window=0.0)
+    _, sel, mask = run_select(n=n, density=density, sink=0.0, window=0.0, calibrate=False)
     counts = mask.sum(-1)[0, 0]
     for i in range(n):
         assert counts[i] == max(1, math.ceil(density * (i + 1) - 1e-9))  # diagonal always forced
     assert torch.equal(counts.int(), sel.block_count[0, 0])
     assert abs(sel.density - density) < 0.05 + 1.0 / n
+
+
+@pytest.mark.parametrize("density", [0.1, 0.2, 0.3, 0.6])
+@pytest.mark.parametrize("n", [17, 64, 200])
+def test_calibrated_selection_lands_on_the_target_density(density, n):
+    dense = torch.arange(n) >= n - 4
+    _, sel, mask = run_select(n=n, density=density, sink=0.025, window=0.05, dense_rows=dense)
+    _, plain, _ = run_select(
+        n=n, density=density, sink=0.025, window=0.05, dense_rows=dense, calibrate=False
+    )
+    forced_only = run_select(n=n, density=1e-6, sink=0.025, window=0.05, dense_rows=dense)[
+        1
+    ].density
+    assert sel.density <= plain.density
+    if forced_only < density:
+        assert density - 1.0 / n <= sel.density <= density + 1e-9  # within one row's block
+    else:
+        assert sel.density == pytest.approx(forced_only)
+    counts = mask.sum(-1)[0, 0]
+    assert torch.all(counts[-4:] == torch.arange(n - 3, n + 1))  # dense tail still complete
 
 
 def test_never_selects_future_blocks_and_lists_are_sorted():
