@@ -8,7 +8,7 @@ from typing import Any
 
 from sketchwalk.errors import SketchWalkError
 
-METHODS = ("sketchwalk", "nowalk", "oracle", "streaming", "dense")
+METHODS = ("sketchwalk", "nowalk", "oracle", "streaming", "quest", "xattention", "dense")
 PHASES = ("prefill", "decode", "both")
 
 

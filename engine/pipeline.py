@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .baselines import BASELINES, baseline_scores
 from .blockstats import exact_block_mass
 from .config import SketchWalkConfig
 from .select import BlockSelection, select_blocks
@@ -102,8 +103,18 @@ def method_scores(
     exact: torch.Tensor | None,
     shape: tuple[int, ...],
     device: torch.device,
+    q: torch.Tensor | None = None,
+    k: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    """The scores each method ranks blocks by (higher = keep)."""
+    """The scores each method ranks blocks by (higher = keep).
+
+    q, k (all keys), valid [B, Lk] and scale are only read by the baselines that score blocks
+    from the raw queries and keys (engine/baselines.py: quest, xattention).
+    """
+    if cfg.method in BASELINES:
+        return baseline_scores(cfg.method, q, k, valid, scale, cfg.block_size, shape)
     if cfg.method == "oracle":
         return exact
     if cfg.method == "streaming":  # StreamingLLM (Xiao et al. 2023): sink + most recent blocks
@@ -154,7 +165,7 @@ def prefill_plan(
     dense_rows = rows >= n - cfg.dense_tail_blocks
 
     def choose() -> BlockSelection:
-        scores = method_scores(cfg, a, w, exact, a.shape, q.device)
+        scores = method_scores(cfg, a, w, exact, a.shape, q.device, q, k, valid, scale)
         return select_blocks(
             scores, rows, b, cfg.density, start, end, cfg.sink, cfg.window, dense_rows, real_rows
         )
@@ -206,10 +217,13 @@ def decode_step(
     srht: SRHT,
     key_valid: torch.Tensor,
     exact: torch.Tensor | None = None,
+    keys: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> Plan:
     """One decode token for one layer: update A_l's current row, estimate, walk, select.
 
-    q [B, H, 1, d] is the new query; k_new [B, Hkv, 1, d] its key at position lk - 1.
+    q [B, H, 1, d] is the new query; k_new [B, Hkv, 1, d] its key at position lk - 1; keys
+    [B, Hkv, lk, d] all keys (only the baselines that score raw keys read them).
     """
     d = q.shape[-1]
     b = cfg.block_size
@@ -250,7 +264,7 @@ def decode_step(
     start, end = key_span(key_valid)
 
     def choose() -> BlockSelection:
-        scores = method_scores(cfg, r, s, exact, s.shape, q.device)
+        scores = method_scores(cfg, r, s, exact, s.shape, q.device, q, keys, key_valid, scale)
         rows = torch.tensor([cur], device=q.device)
         return select_blocks(scores, rows, b, cfg.density, start, end, cfg.sink, cfg.window)
 

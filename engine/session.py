@@ -143,7 +143,9 @@ class Session:
                 q, k, scale, cfg.block_size, key_valid, groups_of(cfg, k.shape[1])
             )
         srht = self.srht(layer, q.shape[-1], q.device)
-        plan = decode_step(st, q, k[:, :, -1:], k.shape[2], cfg, srht, key_valid, exact)
+        plan = decode_step(
+            st, q, k[:, :, -1:], k.shape[2], cfg, srht, key_valid, exact, keys=k, scale=scale
+        )
         for stage, ms in plan.timings.items():
             self._time(stage, ms)
         return self._sparse("decode", layer, plan, q, k, v, mask, key_valid, scale)
