@@ -140,7 +140,7 @@ def row_budget(
     blocks alone exceed the target, only they are kept (the achieved density says so).
     """
     full = torch.full((n_cand.shape[0],), float(density), device=n_cand.device)
-    if not calibrate or density >= 1.0:
+    if not calibrate or density >= 1.0 or n_cand.shape[1] == 1:  # one row: the rules coincide
         return _budget_at(full, n_cand, n_forced)
     target = density * (n_cand * rows).sum(-1).double()
     lo, hi = torch.zeros_like(full), full.clone()

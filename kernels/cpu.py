@@ -273,6 +273,8 @@ def block_sparse_attention_cpu(
     g = block_index.shape[1]
     if h % g or h % hkv:
         raise ValueError(f"heads {h} must be a multiple of index groups {g} and KV heads {hkv}")
+    if lq == 1 and causal and (hkv % g == 0 or g % hkv == 0):
+        return _decode(q, k, v, block_index, block_count, b, scale, seq_start)
     if hkv % g and g % hkv:  # groups straddle KV heads: give every query head its own list
         block_index = block_index.repeat_interleave(h // g, dim=1)
         block_count = block_count.repeat_interleave(h // g, dim=1)
@@ -392,3 +394,60 @@ def block_sparse_attention_cpu(
 
 
 __all__ = ["block_sparse_attention_cpu"]
+
+
+def _decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_index: torch.Tensor,
+    block_count: torch.Tensor,
+    b: int,
+    scale: float,
+    seq_start: torch.Tensor | None,
+) -> torch.Tensor:
+    """One query per sequence: gather the listed blocks per (sequence, group), one SDPA call each.
+
+    Decode is memory-bound and tiny, so what matters is touching only the kept K/V rows once:
+    full blocks come from an index_select on a [heads, blocks, b * D] view, the partial last
+    block is a slice, and only left padding needs a (small) mask.
+    """
+    bsz, h, _, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    g = block_index.shape[1]
+    hq = h // g
+    kv_per_group = max(hkv // g, 1)
+    n_full = lk // b
+    idx_all = block_index[:, :, 0].long().cpu()
+    cnt_all = block_count[:, :, 0].long().cpu()
+    starts = None if seq_start is None else seq_start.long().cpu()
+    out = torch.empty_like(q)
+    for bi in range(bsz):
+        kb = k[bi, :, : n_full * b].reshape(hkv, n_full, b * d)
+        vb = v[bi, :, : n_full * b].reshape(hkv, n_full, b * d)
+        for gi in range(g):
+            ids = idx_all[bi, gi, : cnt_all[bi, gi]].unique()
+            ids = ids[ids * b < lk]
+            kv0 = (gi * hq) // (h // hkv)
+            heads = slice(kv0, kv0 + kv_per_group)
+            full = ids[ids < n_full]
+            ks = [kb[heads].index_select(1, full).view(kv_per_group, -1, d)]
+            vs = [vb[heads].index_select(1, full).view(kv_per_group, -1, d)]
+            pos = [(full[:, None] * b + torch.arange(b)).reshape(-1)]
+            if bool((ids == n_full).any()):  # the partial last block
+                ks.append(k[bi, heads, n_full * b :])
+                vs.append(v[bi, heads, n_full * b :])
+                pos.append(torch.arange(n_full * b, lk))
+            kg, vg, pos_all = torch.cat(ks, 1), torch.cat(vs, 1), torch.cat(pos)
+            mask = None
+            if starts is not None and int(starts[bi]) > 0:
+                mask = (pos_all >= starts[bi]).view(1, 1, 1, -1)
+            qg = q[bi, gi * hq : (gi + 1) * hq].unsqueeze(0)
+            if kg.shape[1] == 0 or (mask is not None and not bool(mask.any())):
+                out[bi, gi * hq : (gi + 1) * hq] = 0
+                continue
+            o = F.scaled_dot_product_attention(
+                qg, kg.unsqueeze(0), vg.unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=True
+            )
+            out[bi, gi * hq : (gi + 1) * hq] = o[0]
+    return out
