@@ -69,6 +69,11 @@ def block_labels(blocks: pd.DataFrame | None, n: int, max_chars: int = 60) -> li
     return out
 
 
+def _arr(labels: Sequence[str]) -> np.ndarray:
+    """Labels as a numpy object array: plotly validates those in one step, lists item by item."""
+    return np.asarray(labels, dtype=object)
+
+
 def _ticks(labels: Sequence[str], max_ticks: int = 12) -> dict[str, Any]:
     """Show a few block numbers on a categorical axis whose labels are long hover texts."""
     n = len(labels)
@@ -109,25 +114,36 @@ def heatmap_figure(
         lo = int(math.floor(math.log10(LOG_FLOOR)))
         colorbar.update(tickvals=list(range(lo, 1)), ticktext=[f"1e{k}" for k in range(lo, 1)])
     value = "log₁₀ %{z:.2f}" if log else "%{z:.4g}"
-    fig = go.Figure(
-        go.Heatmap(
-            z=zp,
-            x=list(x_labels),
-            y=list(y_labels),
-            colorscale=palette,
-            colorbar=colorbar,
-            hoverongaps=False,
-            hovertemplate=f"{y_title}: %{{y}}<br>{x_title}: %{{x}}<br>{value}<extra></extra>",
-        )
+    trace = go.Heatmap(
+        z=zp,
+        x=_arr(x_labels),
+        y=_arr(y_labels),
+        colorscale=palette,
+        colorbar=colorbar,
+        hoverongaps=False,
+        hovertemplate=f"{y_title}: %{{y}}<br>{x_title}: %{{x}}<br>{value}<extra></extra>",
     )
-    fig.update_layout(
-        title={"text": title},
-        height=height,
-        margin={"l": 40, "r": 10, "t": 40, "b": 40},
-        xaxis={"title": {"text": x_title}, **_ticks(x_labels)},
-        yaxis={"title": {"text": y_title}, "autorange": "reversed", **_ticks(y_labels)},
-    )
-    return fig
+    # layout given to the constructor: update_layout afterwards deep-copies the data (slow)
+    return go.Figure([trace], _block_layout(title, x_labels, y_labels, x_title, y_title, height))
+
+
+def _block_layout(
+    title: str,
+    x_labels: Sequence[str],
+    y_labels: Sequence[str],
+    x_title: str,
+    y_title: str,
+    height: int,
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "title": {"text": title},
+        "height": height,
+        "margin": {"l": 40, "r": 10, "t": 40, "b": 40},
+        "xaxis": {"title": {"text": x_title}, **_ticks(x_labels)},
+        "yaxis": {"title": {"text": y_title}, "autorange": "reversed", **_ticks(y_labels)},
+        **extra,
+    }
 
 
 def causal_mask(n_rows: int, n: int, q_blocks: np.ndarray | None = None) -> np.ndarray:
@@ -162,11 +178,11 @@ def mask_figure(
     """Kept (blue) vs dropped (light) causal blocks; misses overlaid as vermillion crosses."""
     z = np.where(causal, selected.astype(np.float32), np.nan).astype(np.float32)
     scale = [[0.0, "#EEEEEE"], [0.5, "#EEEEEE"], [0.5, OKABE_ITO["blue"]], [1.0, OKABE_ITO["blue"]]]
-    fig = go.Figure(
+    traces: list[Any] = [
         go.Heatmap(
             z=z,
-            x=list(x_labels),
-            y=list(y_labels),
+            x=_arr(x_labels),
+            y=_arr(y_labels),
             zmin=0,
             zmax=1,
             colorscale=scale,
@@ -175,29 +191,30 @@ def mask_figure(
             name="kept",
             hovertemplate=f"{y_title}: %{{y}}<br>{x_title}: %{{x}}<br>kept: %{{z}}<extra></extra>",
         )
-    )
+    ]
     if misses is not None:
         rows, cols = misses
-        fig.add_trace(
+        traces.append(
             go.Scatter(
-                x=[x_labels[c] for c in cols],
-                y=[y_labels[r] for r in rows],
+                x=_arr(x_labels)[cols],
+                y=_arr(y_labels)[rows],
                 mode="markers",
                 marker={"symbol": "x", "size": 7, "color": OKABE_ITO["vermillion"]},
                 name=f"misses ({len(rows)})",
                 hovertemplate="missed: %{y} → %{x}<extra></extra>",
             )
         )
-    fig.update_layout(
-        title={"text": title},
-        height=height,
-        margin={"l": 40, "r": 10, "t": 40, "b": 40},
+    layout = _block_layout(
+        title,
+        x_labels,
+        y_labels,
+        x_title,
+        y_title,
+        height,
         showlegend=misses is not None,
         legend={"orientation": "h", "y": -0.12},
-        xaxis={"title": {"text": x_title}, **_ticks(x_labels)},
-        yaxis={"title": {"text": y_title}, "autorange": "reversed", **_ticks(y_labels)},
     )
-    return fig
+    return go.Figure(traces, layout)
 
 
 def layer_figures(
@@ -242,15 +259,13 @@ def layer_figures(
 
 
 def selection_rule(
-    n: int, prompt_tokens: int, config: dict[str, Any], density: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(candidates [n, n], forced [n, n], budget [n]) of prefill rows at `density`.
+    n: int, prompt_tokens: int, config: dict[str, Any]
+) -> tuple[np.ndarray, np.ndarray]:
+    """(candidates [n, n], forced [n, n]) of prefill rows, in numpy, for labels and tests.
 
-    The engine's rule (engine/select.py), restated in numpy so the app needs no torch for a
-    preview: candidates are causal blocks j <= i; sink blocks (the first ceil(sink*T/b)) and the
-    window (blocks covering the last ceil(window*T) tokens up to row i's last token) are forced,
-    dense tail rows keep everything, and each row keeps max(forced, ceil(density * (i + 1)))
-    blocks. tests/app/test_figures.py checks it against the masks real runs stored.
+    Candidates are causal blocks j <= i; sink blocks (the first ceil(sink*T/b)) and the window
+    (blocks covering the last ceil(window*T) tokens up to row i's last token) are forced, and
+    dense tail rows keep everything: the rule of engine/select.py.
     """
     b = int(config.get("block_size", 64))
     t = max(int(prompt_tokens), 1)
@@ -262,10 +277,7 @@ def selection_rule(
     cand = i[None, :] <= i[:, None]
     forced = cand & ((i[None, :] < n_sink) | (i[None, :] >= first[:, None]))
     tail = i >= n - int(config.get("dense_tail_blocks", 0))
-    forced |= cand & tail[:, None]
-    n_cand = i + 1
-    budget = np.maximum(forced.sum(1), np.ceil(density * n_cand - 1e-9).astype(np.int64))
-    return cand, forced, np.minimum(budget, n_cand)
+    return cand, forced | (cand & tail[:, None])
 
 
 def preview_selection(
@@ -276,17 +288,30 @@ def preview_selection(
 ) -> np.ndarray:
     """[n, n] bool: the blocks a prefill layer would keep at `density`, from stored scores.
 
-    Forced blocks first, then the highest scores, until each row holds exactly its budget.
+    Calls the engine's own `select_blocks` (sink + window + dense tail forced, then the top
+    scores up to each row's budget), so a preview can never drift from what a real run at that
+    density would select from the same scores; tests check it reproduces stored selections.
     """
+    import torch
+
+    from sketchwalk.engine.select import select_blocks, selection_mask
+
     scores = np.asarray(scores, dtype=np.float32)
     n = scores.shape[-1]
-    cand, forced, budget = selection_rule(n, prompt_tokens, config, density)
-    ranked = np.where(cand, np.nan_to_num(scores, nan=-np.inf), -np.inf)
-    ranked = np.where(forced, np.inf, ranked)
-    order = np.argsort(-ranked, axis=1, kind="stable")
-    ranks = np.empty_like(order)
-    ranks[np.arange(n)[:, None], order] = np.arange(n)[None, :]
-    return (ranks < budget[:, None]) & cand
+    rows = torch.arange(n)
+    s = torch.from_numpy(np.nan_to_num(scores, nan=-np.inf).copy())
+    sel = select_blocks(
+        s[None, None],
+        rows,
+        int(config.get("block_size", 64)),
+        float(density),
+        torch.zeros(1, dtype=torch.long),
+        torch.tensor([int(prompt_tokens)]),
+        float(config.get("sink", 0.025)),
+        float(config.get("window", 0.05)),
+        rows >= n - int(config.get("dense_tail_blocks", 0)),
+    )
+    return selection_mask(sel, n)[0, 0].numpy()
 
 
 def method_scores(hm: dict[str, Any], method: str) -> np.ndarray | None:
@@ -431,8 +456,8 @@ def depth_figures(
         if name != "sketch":
             fig.add_trace(
                 go.Scatter(
-                    x=[labels[c] for c in cols],
-                    y=[y[r] for r in rows],
+                    x=_arr(labels)[cols],
+                    y=_arr(y)[rows],
                     mode="markers",
                     marker={
                         "symbol": "circle-open",

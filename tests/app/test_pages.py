@@ -154,8 +154,11 @@ def test_explore_preview_rethresholds_and_queues_a_real_rerun(app_env):
     run = store.get_run(rid)
     from sketchwalk.app import figures
 
-    _, _, budget = figures.selection_rule(kept.shape[0], run["prompt_tokens"], run["config"], 0.5)
-    assert (np.nansum(kept, axis=1) == budget).all()
+    hm = store.heatmap(rid, "prefill", 0, at.select_slider(key="ex_layer").value)
+    expected = figures.preview_selection(hm["walk"], run["prompt_tokens"], run["config"], 0.5)
+    np.testing.assert_array_equal(np.nan_to_num(kept) == 1, expected)
+    _, forced = figures.selection_rule(kept.shape[0], run["prompt_tokens"], run["config"])
+    assert (np.nansum(kept, axis=1) >= forced.sum(1)).all()
     metrics = {m.label: m.value for m in at.metric}
     causal = figures.causal_mask(kept.shape[0], kept.shape[0])
     assert metrics["Preview density"] == f"{np.nansum(kept) / causal.sum():.3f}"
