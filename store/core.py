@@ -1,6 +1,6 @@
 """`Store`: one open database (engine + checked schema) with the run, job and export methods.
 
-The methods live in small mixins (run writes, reads, jobs, export); this module owns opening and closing, so
+The methods live in small mixins (run writes, reads, jobs, export, eval results); this module owns opening and closing, so
 every connection goes through the same error translation.
 """
 
@@ -14,13 +14,14 @@ from types import TracebackType
 from sqlalchemy.engine import Connection, Engine
 
 from sketchwalk.store import db
+from sketchwalk.store.evals import EvalsMixin
 from sketchwalk.store.export import ExportMixin
 from sketchwalk.store.jobs import JobsMixin
 from sketchwalk.store.reads import ReadsMixin
 from sketchwalk.store.runs import RunsMixin
 
 
-class Store(RunsMixin, ReadsMixin, JobsMixin, ExportMixin):
+class Store(RunsMixin, ReadsMixin, JobsMixin, ExportMixin, EvalsMixin):
     """An open sketchwalk store. Thread-safe to share within one process; close when done.
 
     On DuckDB the file stays locked to this process until `close()` (DuckDB's rule), so the app

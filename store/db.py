@@ -152,7 +152,26 @@ def ensure_schema(engine: Engine) -> None:
         rows = dict(conn.execute(sa.select(schema.meta.c.key, schema.meta.c.value)).all())
     if rows.get("app") != schema.STORE_MARKER or "schema_version" not in rows:
         raise StoreCorruptError(f"{_where(engine)} is not a sketchwalk store; pass another --db")
-    check_version(int(rows["schema_version"]), what=f"store {_where(engine)}")
+    found = int(rows["schema_version"])
+    if found < schema.SCHEMA_VERSION and all(
+        v in schema.UPGRADES for v in range(found, schema.SCHEMA_VERSION)
+    ):
+        upgrade(engine, found)
+        found = schema.SCHEMA_VERSION
+    check_version(found, what=f"store {_where(engine)}")
+
+
+def upgrade(engine: Engine, found: int) -> None:
+    """Bring an older store forward by creating the tables added since (one transaction)."""
+    with engine.begin() as conn:
+        for version in range(found, schema.SCHEMA_VERSION):
+            for table in schema.UPGRADES[version]:
+                table.create(conn, checkfirst=True)
+        conn.execute(
+            schema.meta.update()
+            .where(schema.meta.c.key == "schema_version")
+            .values(value=str(schema.SCHEMA_VERSION))
+        )
 
 
 def check_version(found: int, what: str) -> None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-SCHEMA_VERSION = 1
-"""Bump on any change to the tables below; stores with another version are refused."""
+SCHEMA_VERSION = 2
+"""Bump on any change to the tables below; stores with another version are refused, except
+older versions that UPGRADES can bring forward by creating tables (nothing existing changes)."""
 
 STORE_MARKER = "sketchwalk"
 """Value of the `app` key in the meta table: tells our store apart from someone else's file."""
@@ -139,6 +140,41 @@ jobs = sa.Table(
 sa.Index("ix_jobs_status_created", jobs.c.status, jobs.c.created_at).ddl_if(
     callable_=lambda ddl, target, bind, dialect=None, **kw: dialect.name != "duckdb"
 )
+
+eval_results = sa.Table(
+    "eval_results",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("eval_id", sa.String(36), nullable=False),  # one `sketchwalk eval` invocation
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("model_id", sa.Text, nullable=False),
+    sa.Column("model_hash", sa.Text),
+    sa.Column("task", sa.String(32), nullable=False),  # lm, retrieval, file
+    sa.Column("source", sa.Text, nullable=False),  # gpl-3, passkey, kv, a file name, ...
+    sa.Column("length", sa.Integer, nullable=False),  # nominal tokens per item
+    sa.Column("method", sa.String(32), nullable=False),
+    sa.Column("phases", sa.String(16), nullable=False),
+    sa.Column("density_target", sa.Double, nullable=False),
+    sa.Column("density_achieved", sa.Double),  # prefill, sparse layers
+    sa.Column("density_achieved_all", sa.Double),  # prefill, all layers
+    sa.Column("density_decode", sa.Double),
+    sa.Column("n_items", sa.Integer, nullable=False),
+    sa.Column("n_tokens", sa.Integer, nullable=False),  # scored tokens (lm) / prompt tokens
+    sa.Column("ppl_dense", sa.Double),
+    sa.Column("ppl_sparse", sa.Double),
+    sa.Column("kl_mean", sa.Double),
+    sa.Column("top1_agreement", sa.Double),
+    sa.Column("acc_dense", sa.Double),  # retrieval: exact-match accuracy
+    sa.Column("acc_sparse", sa.Double),
+    sa.Column("dense_ms", sa.Double),  # mean dense forward time per item (prefill + decode)
+    sa.Column("sparse_ms", sa.Double),
+    sa.Column("config", sa.Text, nullable=False),  # JSON: the SketchWalkConfig of the cell
+    sa.Column("extra", sa.Text),  # JSON: device, versions, per-item details
+)
+"""One row per (eval, model, task, source, length, method, density): written by `sketchwalk eval`."""
+
+UPGRADES: dict[int, tuple[sa.Table, ...]] = {1: (eval_results,)}
+"""Version v -> tables whose creation brings a v store to v + 1 (additive changes only)."""
 
 RUN_TABLES: tuple[sa.Table, ...] = (runs, layer_stats, block_scores, blocks, tokens)
 """Tables holding one run's data, keyed by run id (runs by `id`, the others by `run_id`)."""
