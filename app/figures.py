@@ -372,7 +372,7 @@ def layer_curves(stats: pd.DataFrame, current_layer: int | None = None) -> go.Fi
         title={"text": "Per layer"},
         height=320,
         margin={"l": 40, "r": 10, "t": 40, "b": 40},
-        xaxis={"title": {"text": "layer"}},
+        xaxis={"title": {"text": "layer"}, "dtick": 1},
         yaxis={"range": [0, 1.05]},
         legend={"orientation": "h", "y": -0.25},
     )
@@ -623,7 +623,7 @@ def stage_figure(stats: pd.DataFrame) -> go.Figure:
         barmode="relative",
         height=380,
         margin={"l": 40, "r": 40, "t": 40, "b": 40},
-        xaxis={"title": {"text": "layer"}},
+        xaxis={"title": {"text": "layer"}, "dtick": 1},
         yaxis={"title": {"text": "ms"}},
         yaxis2={
             "title": {"text": "speedup ×"},
