@@ -1,0 +1,247 @@
+"""`sketchwalk eval`: quality against density for several methods, on offline tasks, in one grid.
+
+Every cell is stored (table eval_results, read by the Benchmarks page), printed as a table, and
+plotted (interactive HTML always; PNG when kaleido and a Chrome are available).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+from sketchwalk.errors import SketchWalkError
+
+DEFAULT_METHODS = "sketchwalk,nowalk,oracle,streaming,quest,xattention"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="quality vs density of several methods on offline tasks (stored, tabled, plotted)",
+        description=(
+            "Runs every item of the tasks through the dense model once and through every "
+            "(method, density), compares them (perplexity and KL vs dense, exact-match retrieval "
+            "accuracy after greedy decoding), stores one row per cell, prints a table and writes "
+            "quality-vs-density plots. Tasks: lm[:SOURCE] (offline long text: gpl-3, gpl-2, "
+            "lgpl-2.1, apache-2.0, mpl-2.0, python-stdlib; chunked to each length), "
+            "retrieval[:passkey|kv] (seeded synthetic needle / key-value prompts of each length), "
+            'file:PATH (a text file, chunked like lm, or a .jsonl of {"prompt", "answer"}).'
+        ),
+    )
+    p.add_argument("--model", default="smollm2", help="model id or folder (default: smollm2)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated methods")
+    p.add_argument("--densities", default="0.1,0.2,0.3,0.5", help="comma-separated targets")
+    p.add_argument("--tasks", default="lm,retrieval", help="comma-separated task specs")
+    p.add_argument(
+        "--lengths", default="2048", help="comma-separated prompt / chunk lengths in tokens"
+    )
+    p.add_argument("--depths", default="0.1,0.5,0.9", help="retrieval needle depths in [0, 1]")
+    p.add_argument("--per-depth", type=int, default=1, help="retrieval prompts per depth")
+    p.add_argument("--seed", type=int, default=0, help="retrieval generator seed")
+    p.add_argument("--max-chunks", type=int, default=None, help="at most N chunks per document")
+    p.add_argument("--new-tokens", type=int, default=8, help="greedy tokens for answered items")
+    p.add_argument("--phase", default="both", choices=["prefill", "decode", "both"])
+    p.add_argument("--block-size", type=int, default=64)
+    p.add_argument(
+        "--dense-layers", default="0,1", help="comma-separated layer ids kept dense ('' for none)"
+    )
+    p.add_argument("--per-group", action="store_true", help="select blocks per KV-head group")
+    p.add_argument("--backend", default=None, choices=["cpu", "triton", "reference"])
+    p.add_argument("--db", metavar="URL", help="store URL or DuckDB file (default: $SKETCHWALK_DB)")
+    p.add_argument("--no-store", action="store_true", help="do not write the rows to the store")
+    p.add_argument("--out", metavar="DIR", help="folder for table, JSON, Parquet, HTML and PNG")
+    p.add_argument("--no-png", action="store_true", help="skip the PNG plots (HTML only)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    p.set_defaults(func=cmd_eval)
+
+
+def _floats(text: str, what: str, lo: float, hi: float, lo_open: bool) -> tuple[float, ...]:
+    out = []
+    for part in (x.strip() for x in text.split(",") if x.strip()):
+        try:
+            v = float(part)
+        except ValueError:
+            raise SketchWalkError(f"--{what} takes comma-separated numbers, got {part!r}") from None
+        bad = math.isnan(v) or v > hi or (v <= lo if lo_open else v < lo)
+        if bad:
+            rng = f"({lo:g}, {hi:g}]" if lo_open else f"[{lo:g}, {hi:g}]"
+            raise SketchWalkError(f"--{what} values must be in {rng}, got {part}")
+        out.append(v)
+    if not out:
+        raise SketchWalkError(f"--{what} is empty")
+    return tuple(dict.fromkeys(out))
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    out = []
+    for part in (x.strip() for x in text.split(",") if x.strip()):
+        try:
+            v = int(part)
+        except ValueError:
+            raise SketchWalkError(
+                f"--{what} takes comma-separated integers, got {part!r}"
+            ) from None
+        if v < 1:
+            raise SketchWalkError(f"--{what} values must be positive, got {v}")
+        out.append(v)
+    if not out and what != "dense-layers":
+        raise SketchWalkError(f"--{what} is empty")
+    return tuple(dict.fromkeys(out))
+
+
+def _methods(text: str) -> tuple[str, ...]:
+    from sketchwalk.engine.config import METHODS
+
+    names = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    allowed = [m for m in METHODS if m != "dense"]
+    for m in names:
+        if m == "dense":
+            raise SketchWalkError("dense is the reference every row is compared with; drop it")
+        if m not in METHODS:
+            raise SketchWalkError(f"unknown method {m!r}; choose from {', '.join(allowed)}")
+    if not names:
+        raise SketchWalkError("--methods is empty")
+    return names
+
+
+def _dense_layers(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SketchWalkError(
+            f"--dense-layers takes comma-separated integers, got {text!r}"
+        ) from None
+
+
+def build(args: argparse.Namespace):
+    """Everything validated before the model loads: (spec, tasks, lengths, depths)."""
+    from sketchwalk.benchmarks.eval_grid import GridSpec, configs
+    from sketchwalk.benchmarks.eval_items import parse_tasks
+
+    if args.per_depth < 1:
+        raise SketchWalkError(f"--per-depth must be at least 1, got {args.per_depth}")
+    if args.max_chunks is not None and args.max_chunks < 1:
+        raise SketchWalkError(f"--max-chunks must be at least 1, got {args.max_chunks}")
+    if args.new_tokens < 1:
+        raise SketchWalkError(f"--new-tokens must be at least 1, got {args.new_tokens}")
+    spec = GridSpec(
+        methods=_methods(args.methods),
+        densities=_floats(args.densities, "densities", 0.0, 1.0, lo_open=True),
+        phases=args.phase,
+        new_tokens=args.new_tokens,
+        base={
+            "block_size": args.block_size,
+            "dense_layers": _dense_layers(args.dense_layers),
+            "per_group": args.per_group,
+        },
+        kernel_backend=args.backend,
+    )
+    configs(spec)  # bad knobs fail here, before minutes of model work
+    tasks = parse_tasks(args.tasks)
+    lengths = _ints(args.lengths, "lengths")
+    depths = _floats(args.depths, "depths", 0.0, 1.0, lo_open=False)
+    return spec, tasks, lengths, depths
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    spec, tasks, lengths, depths = build(args)
+    from tqdm import tqdm
+
+    from sketchwalk.benchmarks import eval_report
+    from sketchwalk.benchmarks.eval_grid import run_grid
+    from sketchwalk.benchmarks.eval_items import build_items
+    from sketchwalk.engine.models import load_model
+    from sketchwalk.store import open_store
+
+    if not args.no_store:
+        open_store(args.db).close()  # a locked or foreign store fails now, not after the grid
+    out = Path(args.out or f"sketchwalk-eval-{datetime.now():%Y%m%d-%H%M%S}").expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SketchWalkError(f"cannot create --out {out}: {exc.strerror or exc}") from None
+    lm = load_model(args.model, args.dtype, args.device)
+    too_long = [n for n in lengths if n > lm.max_context]
+    if too_long:
+        raise SketchWalkError(
+            f"--lengths {too_long[0]} exceeds {lm.model_id}'s context of {lm.max_context} tokens"
+        )
+    items = build_items(
+        lm.tokenizer,
+        tasks,
+        lengths,
+        depths,
+        args.per_depth,
+        args.seed,
+        args.max_chunks,
+        lm.max_context - args.new_tokens,
+    )
+    if not items:
+        raise SketchWalkError("the tasks produced no prompts (texts shorter than half a length?)")
+    eval_id = str(uuid.uuid4())
+    with tqdm(total=1, desc="eval", unit="pass", file=sys.stderr) as bar:
+
+        def progress(done: int, total: int, msg: str) -> None:
+            bar.total = total
+            bar.set_postfix_str(msg[-40:], refresh=False)
+            bar.update(done - bar.n)
+
+        rows = run_grid(lm, items, spec, eval_id, progress)
+    for row in rows:
+        row["extra"]["generator"] = {"seed": args.seed, "depths": list(depths)}
+    if not args.no_store:
+        with open_store(args.db) as store:
+            store.save_eval_results(rows)
+    files = _write_outputs(rows, out, eval_id, png=not args.no_png)
+    if args.json:
+        print(json.dumps(eval_report.with_derived(rows), indent=1, default=str))
+    else:
+        print(eval_report.format_table(rows))
+        for (task, source, length), d in eval_report.within(rows, "sketchwalk").items():
+            where = f"{d:g}" if d is not None else "no density in this grid"
+            print(f"sketchwalk within 1% of dense perplexity on {task}/{source}/{length}: {where}")
+    print(
+        f"eval {eval_id}: {len(rows)} rows; wrote {', '.join(str(f) for f in files)}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _write_outputs(rows: list[dict], out: Path, eval_id: str, png: bool) -> list[Path]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sketchwalk.benchmarks import eval_report
+    from sketchwalk.store import jsonio
+
+    files = []
+    table = out / "table.txt"
+    table.write_text(eval_report.format_table(rows) + "\n", encoding="utf-8")
+    files.append(table)
+    data = out / "results.json"
+    data.write_text(jsonio.dumps(eval_report.with_derived(rows)) + "\n", encoding="utf-8")
+    files.append(data)
+    flat = [
+        {k: (jsonio.dumps(v) if isinstance(v, dict) else v) for k, v in r.items()} for r in rows
+    ]
+    pq.write_table(pa.Table.from_pylist(flat), out / "results.parquet")
+    files.append(out / "results.parquet")
+    try:
+        files.append(
+            eval_report.write_html(rows, out / "quality.html", f"sketchwalk eval {eval_id[:8]}")
+        )
+        if png:
+            pngs, why = eval_report.write_pngs(rows, out)
+            files += pngs
+            if why:
+                print(why, file=sys.stderr)
+    except ImportError:
+        print("plots skipped: plotly is not installed (pip install plotly)", file=sys.stderr)
+    return files
