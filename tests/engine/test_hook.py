@@ -112,15 +112,27 @@ def test_oracle_recalls_more_mass_than_streaming():
     assert recall["oracle"] > recall["streaming"]
 
 
-def test_per_group_selection_runs_and_differs_from_shared():
-    model = tiny_llama(heads=4, kv_heads=2)
-    ids = torch.randint(1, 128, (1, 400))
+def test_per_group_selection_gives_each_kv_group_its_own_lists():
+    from sketchwalk.engine.pipeline import prefill_plan
+    from sketchwalk.engine.sketch import make_srht
+
+    torch.manual_seed(0)
+    q, k = torch.randn(1, 4, 320, 16), torch.randn(1, 2, 320, 16)
+    q[:, 2:] *= -1  # the two KV groups want different blocks
     base = dict(
         density=0.3, block_size=16, dense_layers=(), dense_tail_blocks=0, sink=0.0, window=0.0
     )
-    shared = logits(model, ids, "sketch_walk", SketchWalkConfig(**base))
-    grouped = logits(model, ids, "sketch_walk", SketchWalkConfig(**base, per_group=True))
-    assert shared.shape == grouped.shape and not torch.allclose(shared, grouped)
+    srht = make_srht(16, 16, 0, 0)
+    shared = prefill_plan(q, k, SketchWalkConfig(**base), srht).selection
+    grouped = prefill_plan(q, k, SketchWalkConfig(**base, per_group=True), srht).selection
+    assert shared.block_index.shape[1] == 1 and grouped.block_index.shape[1] == 2
+    assert not torch.equal(grouped.block_index[:, 0], grouped.block_index[:, 1])
+    assert grouped.density == pytest.approx(shared.density)
+    # and a model runs end to end with per-group lists
+    model = tiny_llama(heads=4, kv_heads=2)
+    ids = torch.randint(1, 128, (1, 200))
+    out = logits(model, ids, "sketch_walk", SketchWalkConfig(**base, per_group=True))
+    assert torch.isfinite(out).all()
 
 
 def test_sessions_do_not_share_state_and_implicit_session_works():
