@@ -1,0 +1,147 @@
+"""Benchmarks: the `sketchwalk eval` results in the store, as table and quality-vs-density plots.
+
+Filterable by model, task and method. By default each (model, task, source, length, method,
+density) cell shows its latest eval only, so re-running a grid replaces its points instead of
+drawing zigzags; a specific eval can be picked instead. The figures are the same functions the
+CLI writes to HTML/PNG (sketchwalk.benchmarks.eval_report), so both always agree.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import streamlit as st
+
+from sketchwalk.app import widgets
+from sketchwalk.benchmarks import eval_report
+from sketchwalk.store import jsonio
+from sketchwalk.store.bulk import arrow_schema
+from sketchwalk.store.schema import eval_results as eval_table
+
+CELL = ["model_id", "task", "source", "length", "method", "density_target"]
+LATEST = "Latest per cell"
+
+
+def latest_per_cell(df: pd.DataFrame) -> pd.DataFrame:
+    """The newest row of each cell (rows arrive oldest first)."""
+    return df.drop_duplicates(subset=CELL, keep="last").reset_index(drop=True)
+
+
+def eval_label(df: pd.DataFrame, eval_id: str) -> str:
+    rows = df[df["eval_id"] == eval_id]
+    when = pd.Timestamp(rows["created_at"].min()).strftime("%Y-%m-%d %H:%M")
+    tasks = ",".join(sorted(rows["task"].unique()))
+    return f"{when} · {eval_id[:8]} · {widgets.short_model(rows['model_id'].iloc[0])} · {tasks}"
+
+
+def table(df: pd.DataFrame) -> pd.DataFrame:
+    rows = eval_report.with_derived(df.to_dict("records"))
+    out = pd.DataFrame(rows)
+    cols = [
+        "model_id",
+        "task",
+        "source",
+        "length",
+        "method",
+        "density_target",
+        "density_achieved",
+        "density_decode",
+        "n_items",
+        "ppl_dense",
+        "ppl_sparse",
+        "ppl_increase_pct",
+        "kl_mean",
+        "top1_agreement",
+        "acc_dense",
+        "acc_sparse",
+        "eval_id",
+    ]
+    out = out[[c for c in cols if c in out.columns]].copy()
+    out["model_id"] = out["model_id"].map(widgets.short_model)
+    return out
+
+
+def parquet_bytes(df: pd.DataFrame) -> bytes:
+    flat = df.copy()
+    for col in ("config", "extra"):
+        flat[col] = [jsonio.dumps(v) for v in flat[col]]
+    data = pa.Table.from_pandas(flat, schema=arrow_schema(eval_table), preserve_index=False)
+    sink = io.BytesIO()
+    pq.write_table(data, sink, compression="zstd")
+    return sink.getvalue()
+
+
+store = widgets.setup("Benchmarks")
+results = store.eval_results()
+if results.empty:
+    st.info(
+        "No eval results yet. Run a grid from the command line, for example "
+        "`sketchwalk eval --tasks lm,retrieval --lengths 2048`; its rows appear here."
+    )
+    st.stop()
+
+f1, f2, f3, f4 = st.columns(4)
+with f1:
+    models = sorted(results["model_id"].unique())
+    chosen_models = st.multiselect("Model", models, default=models[-1:], key="bm_model")
+with f2:
+    tasks = sorted(results["task"].unique())
+    chosen_tasks = st.multiselect("Task", tasks, default=tasks, key="bm_task")
+with f3:
+    methods = sorted(
+        results["method"].unique(),
+        key=lambda m: eval_report._sort_key({"method": m, "density_target": 0}),
+    )
+    chosen_methods = st.multiselect("Method", methods, default=methods, key="bm_method")
+with f4:
+    evals = list(dict.fromkeys(results["eval_id"][::-1]))  # newest first
+    labels = {e: eval_label(results, e) for e in evals}
+    chosen_eval = st.selectbox(
+        "Eval", [LATEST, *evals], format_func=lambda e: labels.get(e, e), key="bm_eval"
+    )
+
+view = results[
+    results["model_id"].isin(chosen_models)
+    & results["task"].isin(chosen_tasks)
+    & results["method"].isin(chosen_methods)
+]
+view = latest_per_cell(view) if chosen_eval == LATEST else view[view["eval_id"] == chosen_eval]
+if view.empty:
+    st.warning("No eval rows match these filters.")
+    st.stop()
+
+x_axis = st.radio(
+    "Density axis",
+    ["achieved", "target"],
+    horizontal=True,
+    key="bm_x",
+    help="Achieved = kept causal block pairs / all, over sparse prefill layers (what was paid).",
+)
+rows = view.to_dict("records")
+reach = eval_report.within(rows, "sketchwalk")
+for (task, source, length), d in reach.items():
+    where = f"density {d:g}" if d is not None else "no density in this grid"
+    st.caption(
+        f"Sketch&Walk within 1% of dense perplexity on {task} · {source} · {length}: {where}"
+    )
+
+for i, fig in enumerate(eval_report.figures(rows, x=x_axis)):
+    st.plotly_chart(fig, key=f"bm_fig_{i}")
+
+st.subheader("Table")
+st.dataframe(table(view), hide_index=True, key="bm_table")
+st.caption(
+    "dppl% = perplexity increase over dense; KL = mean KL(dense || sparse) per token; top-1 = "
+    "agreement of greedy next tokens; acc = exact-match retrieval accuracy after greedy "
+    "decoding (dense and sparse, with sparse prefill and decode when the phase is both)."
+)
+st.download_button(
+    "Download these rows as Parquet",
+    parquet_bytes(view),
+    file_name="sketchwalk-eval.parquet",
+    mime="application/octet-stream",
+    key="bm_download",
+)

@@ -1,0 +1,79 @@
+"""The Benchmarks page through Streamlit's AppTest, on eval rows written to a fresh store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from sketchwalk.store import open_store
+
+PAGE = Path(__file__).resolve().parents[2] / "app" / "pages" / "benchmarks.py"
+
+
+def rows(eval_id: str, shift: float = 0.0) -> list[dict]:
+    out = []
+    for method in ("sketchwalk", "quest"):
+        for d in (0.1, 0.3):
+            out.append(
+                dict(eval_id=eval_id, model_id="smollm2", task="lm", source="gpl-3", length=2048,
+                     method=method, phases="both", density_target=d, density_achieved=d,
+                     n_items=1, n_tokens=2048, ppl_dense=10.0,
+                     ppl_sparse=10.0 + (0.005 if method == "sketchwalk" else 0.5) / d + shift,
+                     kl_mean=0.01)
+            )  # fmt: skip
+    out.append(
+        dict(eval_id=eval_id, model_id="smollm2", task="retrieval", source="passkey",
+             length=2048, method="quest", phases="both", density_target=0.2, n_items=2,
+             n_tokens=4000, acc_dense=1.0, acc_sparse=0.5)
+    )  # fmt: skip
+    return out
+
+
+@pytest.fixture
+def db(monkeypatch, tmp_path):
+    url = str(tmp_path / "bench.duckdb")
+    monkeypatch.setenv("SKETCHWALK_DB", url)
+    monkeypatch.setenv("SKETCHWALK_APP_WORKER", "0")
+    return url
+
+
+def page() -> AppTest:
+    return AppTest.from_file(str(PAGE), default_timeout=60)
+
+
+def titles(at) -> list[str]:
+    return [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
+
+
+def test_empty_store_says_how_to_fill_it(db):
+    at = page().run()
+    assert not at.exception and "sketchwalk eval" in at.info[0].value
+
+
+def test_plots_table_filters_and_latest_eval(db):
+    with open_store(db) as store:
+        store.save_eval_results(rows("old", shift=100.0))
+        store.save_eval_results(rows("new"))
+    at = page().run()
+    assert not at.exception
+    assert sorted(titles(at)) == ["lm · gpl-3 · 2048 tokens", "retrieval · passkey · 2048 tokens"]
+    df = at.dataframe[0].value
+    assert len(df) == 5 and set(df["eval_id"]) == {"new"}  # latest per cell only
+    assert df["ppl_increase_pct"].max() < 100  # the old eval's +1000% rows are hidden
+    assert any("density 0.1" in c.value for c in at.caption)  # sketchwalk within 1% at 0.1
+
+    at.multiselect(key="bm_method").set_value(["quest"]).run()
+    df = at.dataframe[0].value
+    assert set(df["method"]) == {"quest"} and len(df) == 3
+    lm_fig = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert [t["name"] for t in lm_fig["data"]] == ["quest"]
+
+    at.multiselect(key="bm_task").set_value(["retrieval"]).run()
+    assert titles(at) == ["retrieval · passkey · 2048 tokens"]
+    at.selectbox(key="bm_eval").set_value("old").run()
+    assert set(at.dataframe[0].value["eval_id"]) == {"old"}
+    at.multiselect(key="bm_task").set_value([]).run()
+    assert "No eval rows match" in at.warning[0].value
