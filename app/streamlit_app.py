@@ -43,6 +43,12 @@ PAGES = [
     st.Page(
         HERE / "pages" / "runs.py", title="Runs", icon=":material/table_view:", url_path="runs"
     ),
+    st.Page(
+        HERE / "pages" / "benchmarks.py",
+        title="Benchmarks",
+        icon=":material/leaderboard:",
+        url_path="benchmarks",
+    ),
 ]
 
 st.navigation(PAGES).run()
