@@ -52,6 +52,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dense-layers", default="0,1", help="comma-separated layer ids kept dense ('' for none)"
     )
+    p.add_argument(
+        "--dense-tail-blocks", type=int, default=4, help="final query blocks kept dense in prefill"
+    )
+    p.add_argument("--sink", type=float, default=0.025, help="sink, fraction of the context")
+    p.add_argument("--window", type=float, default=0.05, help="window, fraction of the context")
     p.add_argument("--per-group", action="store_true", help="select blocks per KV-head group")
     p.add_argument("--backend", default=None, choices=["cpu", "triton", "reference"])
     p.add_argument("--db", metavar="URL", help="store URL or DuckDB file (default: $SKETCHWALK_DB)")
@@ -139,6 +144,9 @@ def build(args: argparse.Namespace):
         base={
             "block_size": args.block_size,
             "dense_layers": _dense_layers(args.dense_layers),
+            "dense_tail_blocks": args.dense_tail_blocks,
+            "sink": args.sink,
+            "window": args.window,
             "per_group": args.per_group,
         },
         kernel_backend=args.backend,
