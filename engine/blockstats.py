@@ -16,37 +16,47 @@ def exact_block_mass(
     block_size: int,
     key_valid: torch.Tensor,
     groups: int = 1,
-    budget_elems: int = 1 << 25,
+    budget_elems: int = 1 << 20,  # ~one query block per chunk: scores stay in cache (2-3x faster)
 ) -> torch.Tensor:
     """True softmax mass per key block, [B, groups, nq, nk], averaged over heads and real queries.
 
     q [B, H, Lq, d] are the last Lq positions of k [B, Hkv, Lk, d]; key_valid [B, Lk] marks real
-    keys. Row i is query block i (rows [i*b, (i+1)*b) of q). Query chunks keep memory bounded.
+    keys. Row i is query block i (rows [i*b, (i+1)*b) of q). Query chunks keep memory bounded, and
+    each chunk only scores the keys its last row can see (half the work under causality).
     """
     bsz, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     b = block_size
     nk, nq = -(-lk // b), -(-lq // b)
     offset = lk - lq
-    kpos = torch.arange(lk, device=q.device)
     chunk = max(b, (budget_elems // max(h * lk * bsz, 1)) // b * b)
+    padded = not bool(key_valid.all())
     qv = key_valid[:, offset:].float()  # [B, Lq] real queries
     out = torch.zeros(bsz, groups, nq, nk, device=q.device)
-    kf = k.float()
+    kf = k.float().unsqueeze(2)  # [B, Hkv, 1, Lk, d]
     for s in range(0, lq, chunk):
         e = min(lq, s + chunk)
+        kend = min(lk, e + offset)  # no row of this chunk sees past its last position
+        nkc = -(-kend // b)
         qc = q[:, :, s:e].float().view(bsz, hkv, h // hkv, e - s, d)
-        scores = (qc @ kf.unsqueeze(2).transpose(-1, -2)) * scale  # [B,Hkv,Gh,c,Lk]
-        visible = kpos[None, :] <= torch.arange(s, e, device=q.device)[:, None] + offset
-        visible = visible[None] & key_valid[:, None, :].bool()  # [B,c,Lk]
-        scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-        probs = torch.nn.functional.pad(probs, (0, nk * b - lk))
-        mass = probs.view(bsz, hkv, h // hkv, e - s, nk, b).sum(-1)  # [B,Hkv,Gh,c,nk]
-        mass = mass.reshape(bsz, groups, -1, e - s, nk).mean(2)  # [B,G,c,nk]
-        mass = mass * qv[:, None, s:e, None]
-        rows = torch.arange(s, e, device=q.device) // b
-        out.index_add_(2, rows, mass)
+        scores = (qc @ kf[..., :kend, :].transpose(-1, -2)) * scale  # [B,Hkv,Gh,c,kend]
+        first = s + offset + 1  # keys from here on are in the future of some row
+        if first < kend:
+            rows = torch.arange(s, e, device=q.device)[:, None] + offset
+            future = torch.arange(first, kend, device=q.device)[None, :] > rows
+            scores[..., first:].masked_fill_(future, float("-inf"))
+        if padded:
+            scores.masked_fill_(~key_valid[:, None, None, None, :kend], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        if padded:  # padded query rows see nothing: NaN rows -> 0
+            probs = probs.nan_to_num_(0.0)
+        if nkc * b != kend:
+            probs = torch.nn.functional.pad(probs, (0, nkc * b - kend))
+        mass = probs.view(bsz, hkv, h // hkv, e - s, nkc, b).sum(-1)
+        mass = mass.reshape(bsz, groups, -1, e - s, nkc).mean(2)  # [B,G,c,nkc]
+        if padded:
+            mass = mass * qv[:, None, s:e, None]
+        out[..., :nkc].index_add_(2, torch.arange(s, e, device=q.device) // b, mass)
     counts = torch.nn.functional.pad(qv, (0, nq * b - lq)).view(bsz, nq, b).sum(-1)
     return out / counts.clamp(min=1.0)[:, None, :, None]
 

@@ -18,7 +18,14 @@ import sketchwalk
 
 from .config import SketchWalkConfig
 from .hook import NAME
-from .metrics import common_prefix, kl_per_position, perplexity, prompt_metrics, token_logprobs
+from .metrics import (
+    PromptComparison,
+    common_prefix,
+    compare_prompt,
+    kl_per_position,
+    perplexity,
+    token_logprobs,
+)
 from .models import LoadedModel
 from .recorder import Recorder, RecorderOptions
 from .records import BlockSpan, RunResult, TokenRecord
@@ -195,7 +202,8 @@ def run(
     sparse_by_dense = token_logprobs(judge[gen_pos], seq[n:])
 
     ids_list = ids[0].tolist()
-    metrics = prompt_metrics(dense.prompt_logits, sparse.prompt_logits, ids[0].cpu())
+    comparison = compare_prompt(dense.prompt_logits, sparse.prompt_logits, ids[0].cpu())
+    metrics = comparison.summary()
     metrics.update(
         gen_kl_mean=float(gen_kl.mean()) if gen_kl.numel() else None,
         gen_common_prefix=common_prefix(dense.new_ids, sparse.new_ids),
@@ -222,7 +230,7 @@ def run(
         if dense_attn:
             timings["dense_attention_ms"] = float(sum(dense_attn))
 
-    tokens = _token_records(tok, ids_list, dense, sparse, metrics, judge, n)
+    tokens = _token_records(tok, ids_list, dense, sparse, comparison, gen_kl)
     return RunResult(
         model_id=lm.model_id,
         model_hash=lm.model_hash,
@@ -243,12 +251,14 @@ def run(
 
 
 def _token_records(
-    tok, ids: list[int], dense: Decoded, sparse: Decoded, metrics: dict, judge, n
+    tok,
+    ids: list[int],
+    dense: Decoded,
+    sparse: Decoded,
+    cmp: PromptComparison,
+    gen_kl: torch.Tensor,
 ) -> list[TokenRecord]:
-    tgt = torch.tensor(ids[1:])
-    d_lp = token_logprobs(dense.prompt_logits[:-1], tgt).tolist()
-    s_lp = token_logprobs(sparse.prompt_logits[:-1], tgt).tolist()
-    kl = kl_per_position(dense.prompt_logits[:-1], sparse.prompt_logits[:-1]).tolist()
+    d_lp, s_lp, kl = cmp.logprob_dense.tolist(), cmp.logprob_sparse.tolist(), cmp.kl.tolist()
     texts = tok.convert_ids_to_tokens(ids)
     out: list[TokenRecord] = []
     for p, t in enumerate(ids):
@@ -257,17 +267,14 @@ def _token_records(
         out.append(
             TokenRecord("sparse", p, t, text, s_lp[p - 1] if p else None, kl[p - 1] if p else None)
         )
+    n = len(ids)
     for variant, dec in (("dense", dense), ("sparse", sparse)):
         lps = (
             token_logprobs(dec.new_logits, torch.tensor(dec.new_ids)).tolist()
             if dec.new_ids
             else []
         )
-        gen_kl = (
-            kl_per_position(judge[n - 1 : n - 1 + len(dec.new_ids)], dec.new_logits).tolist()
-            if variant == "sparse"
-            else [None] * len(dec.new_ids)
-        )
+        kls = gen_kl.tolist() if variant == "sparse" else [None] * len(dec.new_ids)
         for i, t in enumerate(dec.new_ids):
-            out.append(TokenRecord(variant, n + i, t, tok.decode([t]), lps[i], gen_kl[i]))
+            out.append(TokenRecord(variant, n + i, t, tok.decode([t]), lps[i], kls[i]))
     return out

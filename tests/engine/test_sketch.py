@@ -45,6 +45,13 @@ def test_srht_inner_products_are_unbiased_over_seeds(d, r):
         assert torch.allclose(est, torch.full_like(est, exact), atol=1e-3)
 
 
+def test_srht_matrix_equals_the_fast_transform():
+    for d, r in [(64, 32), (80, 128), (128, 64)]:
+        s = make_srht(d, r, 3, 1)
+        x = torch.randn(7, d)
+        assert torch.allclose(s(x), s.transform(x), atol=1e-5)
+
+
 def test_srht_is_reproducible_and_differs_by_layer():
     a, b, c = make_srht(64, 16, 7, 3), make_srht(64, 16, 7, 3), make_srht(64, 16, 7, 4)
     assert torch.equal(a.signs, b.signs) and torch.equal(a.keep, b.keep)
