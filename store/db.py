@@ -6,6 +6,7 @@ another process holds must say so plainly rather than surface a driver traceback
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import uuid
@@ -70,6 +71,7 @@ def create_engine(url: str) -> Engine:
         # A plain ":memory:" is a separate database per connection (per thread in the pool);
         # a named one is shared by every connection of this process, like a file.
         parsed = parsed.set(database=f":memory:sketchwalk_{uuid.uuid4().hex}")
+    parsed = with_driver(parsed)
     path = duckdb_path(parsed)
     if path is not None:
         try:
@@ -78,10 +80,24 @@ def create_engine(url: str) -> Engine:
             raise StoreError(
                 f"cannot create the folder for database {path}: {exc.strerror or exc}"
             ) from None
+    # A server may restart or drop idle connections under a long-lived worker: check each
+    # pooled connection before use instead of failing the next job.
+    options = {"pool_pre_ping": True} if parsed.get_backend_name() == "postgresql" else {}
     try:
-        return sa.create_engine(parsed)
+        return sa.create_engine(parsed, **options)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
         raise StoreError(f"cannot use database URL {url!r}: {exc}") from None
+
+
+def with_driver(url: URL) -> URL:
+    """`postgresql://` means psycopg 3 (the `cluster` extra) when it is installed.
+
+    SQLAlchemy maps a bare `postgresql://` to psycopg2, which we do not depend on; users should
+    not have to know the `+psycopg` suffix. An explicit driver (`postgresql+psycopg2://`) is kept.
+    """
+    if url.drivername == "postgresql" and importlib.util.find_spec("psycopg") is not None:
+        return url.set(drivername="postgresql+psycopg")
+    return url
 
 
 _LOCK_PID = re.compile(r"\(PID (\d+)\)")

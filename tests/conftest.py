@@ -3,6 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from pg_testdb import PG_ENV, fresh_schema, in_ci, pg_base_url
+
+
+def pytest_report_header(config):
+    """Say up front whether the PostgreSQL variants run (they are required in CI)."""
+    if pg_base_url():
+        return f"PostgreSQL tests: on ({PG_ENV} set)"
+    if in_ci():
+        return f"PostgreSQL tests: REQUIRED in CI but {PG_ENV} is not set (they will fail)"
+    return 'PostgreSQL tests: off (eval "$(.ci/postgres.sh)" to run them)'
 
 
 @pytest.fixture(scope="session")
@@ -11,3 +21,12 @@ def tiny_model_dir(tmp_path_factory):
     from sketchwalk.engine.models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture
+def pg_url():
+    """A URL into a fresh, empty schema on the test PostgreSQL server (dropped afterwards).
+
+    Fails in CI when no server is configured; skips a local run without one."""
+    with fresh_schema() as url:
+        yield url

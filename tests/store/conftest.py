@@ -7,8 +7,11 @@ tmp_path too, so no test can touch a user's real store.
 from __future__ import annotations
 
 import pytest
+from pg_testdb import fresh_schema, pg_enabled
 
 from sketchwalk.store import open_store
+
+BACKENDS = ["duckdb", "sqlite"] + (["postgresql"] if pg_enabled() else [])
 
 
 @pytest.fixture(autouse=True)
@@ -22,10 +25,15 @@ def db_path(tmp_path):
     return tmp_path / "store.duckdb"
 
 
-@pytest.fixture(params=["duckdb", "sqlite"])
+@pytest.fixture(params=BACKENDS)
 def store(request, db_path, tmp_path):
-    """A fresh store. DuckDB is the default backend (columnar fast path); SQLite runs the same
-    tests through the generic SQLAlchemy path that PostgreSQL will use (no server needed)."""
+    """A fresh store. DuckDB is the default backend (columnar fast path); SQLite runs the
+    generic SQLAlchemy path; PostgreSQL (a real server, when SKETCHWALK_TEST_PG_URL is set, and
+    always in CI) is the multi-worker backend, in a throwaway schema per test."""
+    if request.param == "postgresql":
+        with fresh_schema() as url, open_store(url) as s:
+            yield s
+        return
     url = str(db_path) if request.param == "duckdb" else f"sqlite:///{tmp_path}/store.sqlite"
     with open_store(url) as s:
         yield s
