@@ -45,6 +45,9 @@ class Settings:
     in_app_worker: bool  # SKETCHWALK_APP_WORKER=0 when standalone workers serve the jobs
     poll_s: float  # SKETCHWALK_POLL_S: how often the worker looks for jobs, the UI for progress
     model_cache_size: int  # SKETCHWALK_MODEL_CACHE: models kept loaded at once
+    heartbeat_s: float = 10.0  # SKETCHWALK_HEARTBEAT_S: a running job's "still alive" interval
+    job_timeout_s: float = 120.0  # SKETCHWALK_JOB_TIMEOUT_S: silent this long = worker is dead
+    stop_grace_s: float = 20.0  # SKETCHWALK_STOP_GRACE_S: on SIGTERM, finish within this or release
 
 
 def load() -> Settings:
@@ -58,4 +61,7 @@ def load() -> Settings:
         in_app_worker=os.environ.get(ENV_PREFIX + "APP_WORKER", "1") not in ("0", "false", "no"),
         poll_s=_float("POLL_S", 1.0),
         model_cache_size=_int("MODEL_CACHE", 2),
+        heartbeat_s=_float("HEARTBEAT_S", 10.0),
+        job_timeout_s=_float("JOB_TIMEOUT_S", 120.0),
+        stop_grace_s=_float("STOP_GRACE_S", 20.0),
     )

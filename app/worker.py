@@ -5,6 +5,13 @@ process and the app already holds the file; `sketchwalk worker` runs the same lo
 (for a server database, one per device). Models load once per (model, dtype, device) and stay
 cached. Jobs survive restarts: at start, jobs left 'running' by a dead process are marked failed
 with a reason, and queued jobs are simply taken in order.
+
+With several processes on a server database, a worker cannot know whether another one is alive
+except by its heartbeat: while a job runs, a side thread refreshes the job's heartbeat, and every
+worker periodically fails jobs whose heartbeat is older than the job timeout (their worker was
+killed or lost the database). Stopping is cooperative: the run's progress callback is a
+checkpoint where a requested release (SIGTERM after its grace period) or a lost job interrupts
+the run, and the job goes back to the queue or is dropped.
 """
 
 from __future__ import annotations
@@ -26,6 +33,29 @@ log = logging.getLogger(__name__)
 RESTART_REASON = (
     "the worker stopped while this job was running (app or worker restarted); submit it again"
 )
+RELEASE_REASON = "re-queued: worker {name} shut down before finishing it"
+
+
+def stale_reason(timeout_s: float) -> str:
+    """Why a job whose worker went silent is failed (shown to the user as the job's error)."""
+    return (
+        f"its worker sent no heartbeat for over {timeout_s:g} s (killed, out of memory or cut "
+        "off from the database); submit it again"
+    )
+
+
+class JobInterrupted(BaseException):
+    """Raised at a run's checkpoint to abandon the current job.
+
+    A BaseException so that the job's own error handling (`except Exception`: fail the job with
+    a message) does not swallow it: an interrupted job is released or was taken from us, it did
+    not fail. `requeue` says which.
+    """
+
+    def __init__(self, requeue: bool, reason: str) -> None:
+        super().__init__(reason)
+        self.requeue = requeue
+        self.reason = reason
 
 
 class ModelCache:
@@ -87,13 +117,21 @@ class _Throttle:
 
 
 def execute_job(
-    store, job, models: ModelCache, settings: Settings, device: str | None = None
+    store,
+    job,
+    models: ModelCache,
+    settings: Settings,
+    device: str | None = None,
+    checkpoint: Callable[[], None] | None = None,
 ) -> str | None:
     """Run one claimed job to the end; returns the run id (None when nothing was stored).
 
     Bad input (a SketchWalkError: knobs, prompt, unknown model) fails the job with its one-line
     message; anything else fails it with the exception's first line, logged with a traceback.
+    `checkpoint` is called at every progress report and before anything is stored; it may raise
+    JobInterrupted, which passes through untouched (the caller releases the job).
     """
+    check = checkpoint or (lambda: None)
     from sketchwalk.engine.config import SketchWalkConfig
     from sketchwalk.engine.recorder import RecorderOptions
     from sketchwalk.engine.runner import RunOptions, run, tokenize, validate_prompt
@@ -117,6 +155,7 @@ def execute_job(
             raise SketchWalkError(
                 f"max new tokens must be between 0 and {settings.max_new_tokens}, got {max_new}"
             )
+        check()
         store.update_job(job.id, 0.0, "loading model")
         lm = models.get(req.get("model"), req.get("dtype") or settings.dtype, device)
         opts = RunOptions(
@@ -126,14 +165,20 @@ def execute_job(
             max_prompt_tokens=settings.max_prompt_tokens,
         )
         validate_prompt(tokenize(lm, prompt).shape[1], lm, cfg, opts)  # before anything is stored
+        check()
         run_id = store.create_run(
             {**req, "model": lm.model_id, "config": cfg.to_dict(), "job_id": job.id},
             status="running",
         )
         store.update_job(job.id, 0.0, "starting", run_id=run_id)
-        result = run(
-            lm, prompt, cfg, opts, progress=_Throttle(lambda f, m: store.update_job(job.id, f, m))
-        )
+        report = _Throttle(lambda f, m: store.update_job(job.id, f, m))
+
+        def progress(fraction: float, message: str) -> None:
+            check()
+            report(fraction, message)
+
+        result = run(lm, prompt, cfg, opts, progress=progress)
+        check()
         store.update_job(job.id, 1.0, "saving results")
         store.save_result(run_id, result)
         store.finish_job(job.id, run_id=run_id)
@@ -176,6 +221,18 @@ def recover(store, name: str) -> list[str]:
     return store.recover_jobs(RESTART_REASON, worker=name)
 
 
+JobRunner = Callable[["Worker", Any], Any]
+"""(worker, claimed job) -> anything: runs one job and records its outcome in the store. The
+default is the real engine run; tests and other job kinds can plug in their own."""
+
+
+def run_engine_job(worker: Worker, job) -> str | None:
+    """The default job runner: the real dense-vs-sparse run through the engine."""
+    return execute_job(
+        worker.store, job, worker.models, worker.settings, worker.device, worker.checkpoint
+    )
+
+
 class Worker:
     """A loop over the job queue in a daemon thread (or in the foreground with `serve`)."""
 
@@ -186,29 +243,90 @@ class Worker:
         name: str | None = None,
         device: str | None = None,
         models: ModelCache | None = None,
+        runner: JobRunner | None = None,
     ) -> None:
         self.store = store
         self.settings = settings or load_settings()
         self.device = device or self.settings.device
         self.name = name or worker_name(self.device)
         self.models = models or ModelCache(self.settings.model_cache_size)
+        self.runner: JobRunner = runner or run_engine_job
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.current_job: str | None = None
         self.recovered: list[str] = []
+        self.released: list[str] = []  # jobs this worker put back in the queue
+        self._release_at: float | None = None  # monotonic deadline set by request_release
+        self._lost = threading.Event()  # the current job was recovered by someone else
+        self._next_recovery = 0.0
+
+    # ---- one job ------------------------------------------------------------------------
 
     def run_once(self) -> str | None:
-        """Claim and run the oldest queued job; returns its id, or None when the queue is empty."""
+        """Claim and run the oldest queued job; returns its id, or None when the queue is empty.
+
+        While the job runs, a side thread keeps its heartbeat fresh. A JobInterrupted raised at
+        a checkpoint ends the job here: released jobs go back to the queue.
+        """
+        if self.stopping:
+            return None
         job = self.store.claim_job(self.name)
         if job is None:
             return None
         self.current_job = job.id
+        self._lost.clear()
+        beating = threading.Event()
+        beat = threading.Thread(
+            target=self._heartbeat, args=(job.id, beating), name=f"heartbeat-{job.id[:8]}"
+        )
+        beat.daemon = True
+        if self.shared_store:
+            beat.start()
         try:
-            execute_job(self.store, job, self.models, self.settings, self.device)
+            self.runner(self, job)
+        except JobInterrupted as stop:
+            if stop.requeue and self.store.release_job(job.id, self.name, stop.reason):
+                self.released.append(job.id)
+                log.info("worker %s: released job %s back to the queue", self.name, job.id)
+            else:
+                log.warning("worker %s: abandoned job %s: %s", self.name, job.id, stop.reason)
         finally:
+            beating.set()
+            if beat.is_alive():
+                beat.join(timeout=5)
             self.current_job = None
         return job.id
+
+    @property
+    def shared_store(self) -> bool:
+        """A server database other processes use too: heartbeats and stale recovery matter.
+
+        Embedded files (DuckDB, SQLite) have a single process, which recovers everything at
+        start; a heartbeat thread there would only race the job's own progress writes."""
+        return self.store.engine.dialect.name not in ("duckdb", "sqlite")
+
+    def _heartbeat(self, job_id: str, done: threading.Event) -> None:
+        every = max(0.05, float(self.settings.heartbeat_s))
+        while not done.wait(every):
+            try:
+                if not self.store.heartbeat_job(job_id, self.name):
+                    if done.is_set():  # finished between the wait and the write
+                        return
+                    log.warning("worker %s: job %s was taken from us", self.name, job_id)
+                    self._lost.set()
+                    return
+            except Exception:  # database hiccup: the next beat (or the timeout) decides
+                log.warning("worker %s: heartbeat for job %s failed", self.name, job_id)
+
+    def checkpoint(self) -> None:
+        """Called by the running job at progress points: stop it when asked to or when lost."""
+        if self._lost.is_set():
+            raise JobInterrupted(False, "the job was recovered by another process")
+        if self._release_at is not None and time.monotonic() >= self._release_at:
+            raise JobInterrupted(True, RELEASE_REASON.format(name=self.name))
+
+    # ---- the loop -----------------------------------------------------------------------
 
     def drain(self) -> list[str]:
         """Run queued jobs until none is left (tests, `sketchwalk worker --once`)."""
@@ -217,11 +335,29 @@ class Worker:
             done.append(job_id)
         return done
 
+    def recover_stale(self) -> list[str]:
+        """Fail jobs whose worker went silent (server databases; DuckDB has one process)."""
+        if not self.shared_store:
+            return []
+        timeout = float(self.settings.job_timeout_s)
+        ids = self.store.recover_jobs(stale_reason(timeout), stale_after_s=timeout)
+        if ids:
+            log.warning("worker %s: failed %d job(s) with a dead worker", self.name, len(ids))
+        return ids
+
+    def _maybe_recover(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_recovery:
+            self._next_recovery = now + max(1.0, self.settings.job_timeout_s / 4)
+            self.recover_stale()
+
     def serve(self) -> None:
-        """The loop: take jobs, sleep `poll_s` (or until woken) when the queue is empty."""
+        """The loop: take jobs, sleep `poll_s` (or until woken) when the queue is empty, and
+        now and then fail jobs whose worker died."""
         while not self._stop.is_set():
             try:
-                if self.run_once() is None:
+                self._maybe_recover()
+                if self.run_once() is None and not self._stop.is_set():
                     self._wake.wait(self.settings.poll_s)
                     self._wake.clear()
             except Exception:  # database hiccup: log, back off, keep serving
@@ -242,6 +378,20 @@ class Worker:
     def wake(self) -> None:
         """Look at the queue now (a job was just submitted)."""
         self._wake.set()
+
+    def request_release(self, grace_s: float) -> None:
+        """Stop taking jobs; the running job may finish within `grace_s` seconds, else it is
+        released (back to the queue) at its next checkpoint. Safe to call from a signal handler;
+        a second call can only shorten the grace."""
+        deadline = time.monotonic() + max(0.0, grace_s)
+        if self._release_at is None or deadline < self._release_at:
+            self._release_at = deadline
+        self._stop.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop after the current job (a running model is not interrupted)."""

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 
 from sketchwalk.store import schema
 from sketchwalk.store.errors import (
@@ -142,12 +142,26 @@ def translating(url: URL, opening: bool = False) -> Iterator[None]:
         raise mapped from None
 
 
+SCHEMA_LOCK_KEY = 0x5357_4B57  # "SWKW": the advisory lock that serializes schema changes
+
+
+def lock_schema(conn: Connection) -> None:
+    """On PostgreSQL, hold a transaction-level advisory lock while the schema is checked and
+    created or upgraded: several workers starting at once against an empty database would
+    otherwise race to CREATE TABLE (and one fails on a duplicate type). Embedded databases have
+    a single process and need nothing."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+
+
 def ensure_schema(engine: Engine) -> None:
-    """Create the tables in an empty database, or check the version of an existing store.
+    """Create the tables in an empty database, or check the version of an existing store and
+    bring an older one forward, all in one transaction (serialized across processes).
 
     A database with tables but no sketchwalk meta row is someone else's: refuse to touch it.
     """
     with engine.begin() as conn:
+        lock_schema(conn)
         existing = set(sa.inspect(conn).get_table_names())
         if schema.meta.name not in existing:
             if existing:
@@ -166,28 +180,29 @@ def ensure_schema(engine: Engine) -> None:
             )
             return
         rows = dict(conn.execute(sa.select(schema.meta.c.key, schema.meta.c.value)).all())
-    if rows.get("app") != schema.STORE_MARKER or "schema_version" not in rows:
-        raise StoreCorruptError(f"{_where(engine)} is not a sketchwalk store; pass another --db")
-    found = int(rows["schema_version"])
-    if found < schema.SCHEMA_VERSION and all(
-        v in schema.UPGRADES for v in range(found, schema.SCHEMA_VERSION)
-    ):
-        upgrade(engine, found)
-        found = schema.SCHEMA_VERSION
+        if rows.get("app") != schema.STORE_MARKER or "schema_version" not in rows:
+            raise StoreCorruptError(
+                f"{_where(engine)} is not a sketchwalk store; pass another --db"
+            )
+        found = int(rows["schema_version"])
+        if found < schema.SCHEMA_VERSION and all(
+            v in schema.UPGRADES for v in range(found, schema.SCHEMA_VERSION)
+        ):
+            upgrade(conn, found)
+            found = schema.SCHEMA_VERSION
     check_version(found, what=f"store {_where(engine)}")
 
 
-def upgrade(engine: Engine, found: int) -> None:
-    """Bring an older store forward by creating the tables added since (one transaction)."""
-    with engine.begin() as conn:
-        for version in range(found, schema.SCHEMA_VERSION):
-            for table in schema.UPGRADES[version]:
-                table.create(conn, checkfirst=True)
-        conn.execute(
-            schema.meta.update()
-            .where(schema.meta.c.key == "schema_version")
-            .values(value=str(schema.SCHEMA_VERSION))
-        )
+def upgrade(conn: Connection, found: int) -> None:
+    """Bring an older store forward by creating the tables added since (caller's transaction)."""
+    for version in range(found, schema.SCHEMA_VERSION):
+        for table in schema.UPGRADES[version]:
+            table.create(conn, checkfirst=True)
+    conn.execute(
+        schema.meta.update()
+        .where(schema.meta.c.key == "schema_version")
+        .values(value=str(schema.SCHEMA_VERSION))
+    )
 
 
 def check_version(found: int, what: str) -> None:

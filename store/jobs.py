@@ -1,8 +1,10 @@
-"""The job queue the app's background worker (and later standalone workers) take runs from.
+"""The job queue the app's background worker and standalone workers take runs from.
 
 Claiming is atomic: on PostgreSQL with SELECT ... FOR UPDATE SKIP LOCKED, so many workers never
 take the same job; on DuckDB (one process) a transaction whose conditional UPDATE either wins or
-hits a write conflict, which we treat as "someone else took it".
+hits a write conflict, which we treat as "someone else took it". A running job carries its
+worker's name and a heartbeat: heartbeats and releases only touch a job its worker still owns,
+so a worker whose job was recovered (heartbeat timeout) learns it and never revives the job.
 """
 
 from __future__ import annotations
@@ -140,6 +142,59 @@ class JobsMixin:
         if run_id is not None:
             values["run_id"] = run_id
         self._update(job_id, values)
+
+    def heartbeat_job(self, job_id: str, worker: str) -> bool:
+        """Say `worker` is still alive on this job; False when the job is no longer its own
+        (another process recovered it after a heartbeat timeout), so the worker can stop."""
+        j = schema.jobs
+        with self._begin() as conn:
+            hit = conn.execute(
+                j.update()
+                .where(j.c.id == str(job_id), j.c.status == "running", j.c.worker == str(worker))
+                .values(heartbeat_at=utcnow())
+                .returning(j.c.id)
+            ).scalar()
+        return hit is not None
+
+    def release_job(self, job_id: str, worker: str, reason: str) -> bool:
+        """Put a job `worker` is running back in the queue (graceful shutdown), in one transaction.
+
+        The run it had started holds no results yet (those land at the very end, atomically), so
+        it is deleted: the next worker starts the job afresh. Nothing changes, and False is
+        returned, when the job is no longer this worker's (recovered meanwhile, or finished).
+        """
+        j, r = schema.jobs, schema.runs
+        with self._begin() as conn:
+            row = conn.execute(
+                sa.select(j.c.run_id).where(
+                    j.c.id == str(job_id), j.c.status == "running", j.c.worker == str(worker)
+                )
+            ).first()
+            if row is None:
+                return False
+            conn.execute(
+                j.update()
+                .where(j.c.id == str(job_id))
+                .values(
+                    status="queued",
+                    worker=None,
+                    started_at=None,
+                    heartbeat_at=None,
+                    progress=0.0,
+                    message=reason,
+                    run_id=None,
+                    error=None,
+                )
+            )
+            run_id = row[0]
+            if run_id is not None:
+                unfinished = conn.execute(
+                    sa.select(r.c.id).where(r.c.id == run_id, r.c.status != "done")
+                ).first()
+                if unfinished is not None:
+                    for table in schema.RUN_TABLES:
+                        conn.execute(table.delete().where(schema.run_key(table) == run_id))
+        return True
 
     def _update(self, job_id: str, values: dict[str, Any]) -> None:
         j = schema.jobs

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from store_fixtures import REQUEST
+from store_fixtures import REQUEST, saved_run
 
 from sketchwalk.store import Job, UnknownJobError
 
@@ -130,3 +130,39 @@ def test_concurrent_claims_never_share_a_job(store):
     assert not errors, errors
     assert sorted(claimed) == sorted(ids)  # every job exactly once
     assert {j.status for j in store.list_jobs()} == {"running"}
+
+
+def test_heartbeat_only_while_the_job_is_ours(store):
+    job_id = store.enqueue_job({"prompt": "p"})
+    first = store.claim_job("w1").heartbeat_at
+    time.sleep(0.002)
+    assert store.heartbeat_job(job_id, "w1") is True
+    assert store.get_job(job_id).heartbeat_at > first
+    assert store.heartbeat_job(job_id, "w2") is False  # someone else's job
+    store.recover_jobs("stale", worker="w1")
+    assert store.heartbeat_job(job_id, "w1") is False  # taken from us: the worker should stop
+
+
+def test_release_requeues_and_drops_the_unfinished_run(store):
+    job_id = store.enqueue_job({"prompt": "p"})
+    store.claim_job("w1")
+    run_id = store.create_run(dict(REQUEST), status="running")
+    store.update_job(job_id, 0.5, "half", run_id=run_id)
+    assert store.release_job(job_id, "w2", "not yours") is False
+    assert store.get_job(job_id).status == "running"
+    assert store.release_job(job_id, "w1", "re-queued: shutting down") is True
+    job = store.get_job(job_id)
+    assert (job.status, job.worker, job.run_id, job.progress) == ("queued", None, None, 0.0)
+    assert job.message == "re-queued: shutting down" and job.started_at is None
+    assert store.list_runs().empty
+    assert store.claim_job("w3").id == job_id  # anyone can take it again
+    assert store.release_job(job_id, "w1", "late") is False
+
+
+def test_release_keeps_a_run_that_already_finished(store):
+    job_id = store.enqueue_job({"prompt": "p"})
+    store.claim_job("w1")
+    run_id, _ = saved_run(store)
+    store.update_job(job_id, 1.0, "saving results", run_id=run_id)
+    assert store.release_job(job_id, "w1", "stopping") is True
+    assert store.get_run(run_id)["status"] == "done"

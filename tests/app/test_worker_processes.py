@@ -1,0 +1,178 @@
+"""Standalone `sketchwalk worker` processes on a real PostgreSQL: two workers share a queue and
+run every job exactly once, a SIGKILLed worker's job is recovered after the heartbeat timeout,
+and SIGTERM finishes or re-queues the running job and exits 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from app_helpers import tiny_config
+
+from sketchwalk.app.worker import make_request
+from sketchwalk.store import open_store
+
+HERE = Path(__file__).resolve().parent
+REAL_TEXT = "The quick brown fox jumps over the lazy dog. " * 8
+
+
+class WorkerProc:
+    """One `sketchwalk worker` subprocess with the tests' runner; stderr collected to a file."""
+
+    def __init__(self, url: str, tmp: Path, tag: str, *args: str, **env: str) -> None:
+        self.log = tmp / f"worker-{tag}.log"
+        environ = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+            SKETCHWALK_POLL_S="0.1",
+            SKETCHWALK_HEARTBEAT_S="0.3",
+            **env,
+        )
+        cmd = [sys.executable, "-m", "sketchwalk.app.cli", "worker", "--db", url]
+        cmd += ["--name", tag, "--runner", "worker_jobs:mixed", *args]
+        self.name = tag
+        self.proc = subprocess.Popen(cmd, stderr=self.log.open("w"), env=environ)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait_serving(self, timeout: float = 90) -> None:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker {self.name} exited early:\n{self.output()}")
+            return "serving" in self.output()
+
+        wait_for(ready, timeout, f"{self.name} to start")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+
+def wait_for(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def procs():
+    started: list[WorkerProc] = []
+    yield started
+    for p in started:
+        p.kill()
+
+
+def test_two_workers_run_twenty_jobs_exactly_once(pg_url, tmp_path, procs, tiny_model_dir):
+    a = WorkerProc(pg_url, tmp_path, "wa")
+    b = WorkerProc(pg_url, tmp_path, "wb")
+    procs += [a, b]
+    a.wait_serving()
+    b.wait_serving()
+    with open_store(pg_url) as store:
+        real = store.enqueue_job(make_request(REAL_TEXT, tiny_config(), str(tiny_model_dir), 2))
+        cheap = [store.enqueue_job({"prompt": f"job {i}", "sleep_s": 0.3}) for i in range(19)]
+        wait_for(
+            lambda: all(j.status in ("done", "failed") for j in store.list_jobs()),
+            240,
+            "20 jobs to finish",
+        )
+        jobs = {j.id: j for j in store.list_jobs()}
+        runs = store.list_runs()
+        real_run = store.get_run(jobs[real].run_id)
+        real_stats = store.layer_stats(jobs[real].run_id)
+    assert a.stop() == 0 and b.stop() == 0, a.output() + b.output()
+    assert {j.status for j in jobs.values()} == {"done"}, [j.error for j in jobs.values()]
+    # every cheap job ran exactly once: one run per job id, written by the job's own worker
+    executions = Counter(runs["prompt"])
+    assert all(executions[job_id] == 1 for job_id in cheap), executions
+    assert len(runs) == 20
+    assert {j.worker for j in jobs.values()} == {"wa", "wb"}  # both took a share
+    for job_id in cheap:
+        assert runs.loc[runs["prompt"] == job_id, "model_id"].item() == jobs[job_id].worker
+    # the real model job went through the engine and stored its per-layer records
+    assert real_run["status"] == "done" and real_run["prompt_tokens"] > 16
+    assert not real_stats.empty and real_run["request"]["job_id"] == real
+
+
+def test_a_killed_workers_job_is_recovered_after_the_heartbeat_timeout(pg_url, tmp_path, procs):
+    timeout = {"SKETCHWALK_JOB_TIMEOUT_S": "2"}
+    a = WorkerProc(pg_url, tmp_path, "victim", **timeout)
+    b = WorkerProc(pg_url, tmp_path, "rescuer", **timeout)
+    procs += [a, b]
+    a.wait_serving()
+    with open_store(pg_url) as store:
+        stuck = store.enqueue_job({"prompt": "long", "sleep_s": 600})
+        wait_for(lambda: store.get_job(stuck).status == "running", 30, "the job to start")
+        b.wait_serving()
+        time.sleep(3.5)  # > timeout: the victim's heartbeat keeps its job alive
+        job = store.get_job(stuck)
+        assert job.status == "running" and job.worker == "victim"
+        a.kill()  # SIGKILL: no chance to clean up
+        wait_for(lambda: store.get_job(stuck).status != "running", 30, "recovery")
+        job = store.get_job(stuck)
+        after = store.enqueue_job({"prompt": "after", "sleep_s": 0.1})
+        wait_for(lambda: store.get_job(after).status == "done", 30, "the rescuer to go on")
+        run = store.get_run(job.run_id)
+    assert job.status == "failed" and "no heartbeat for over 2 s" in job.error
+    assert run["status"] == "failed" and run["error"] == job.error
+    assert store.get_job(after).worker == "rescuer"
+    assert b.stop() == 0
+
+
+def test_sigterm_lets_a_short_job_finish_and_exits_0(pg_url, tmp_path, procs):
+    w = WorkerProc(pg_url, tmp_path, "finisher", "--grace", "30")
+    procs.append(w)
+    w.wait_serving()
+    with open_store(pg_url) as store:
+        job_id = store.enqueue_job({"prompt": "short", "sleep_s": 2.0})
+        wait_for(lambda: store.get_job(job_id).status == "running", 30, "the job to start")
+        assert w.stop(signal.SIGTERM) == 0, w.output()
+        job = store.get_job(job_id)
+    assert job.status == "done" and job.worker == "finisher"
+    assert "stopped on SIGTERM; re-queued 0 job(s)" in w.output()
+
+
+def test_sigterm_past_the_grace_requeues_the_job_and_exits_0(pg_url, tmp_path, procs):
+    w = WorkerProc(pg_url, tmp_path, "leaver", "--grace", "0.5")
+    procs.append(w)
+    w.wait_serving()
+    with open_store(pg_url) as store:
+        job_id = store.enqueue_job({"prompt": "long", "sleep_s": 600})
+        wait_for(lambda: store.get_job(job_id).run_id is not None, 30, "the job to start")
+        started_run = store.get_job(job_id).run_id
+        t0 = time.monotonic()
+        assert w.stop(signal.SIGTERM) == 0, w.output()
+        took = time.monotonic() - t0
+        job = store.get_job(job_id)
+        runs = store.list_runs()
+        taken = store.claim_job("next")  # back in the queue for anyone
+    assert took < 15
+    assert job.status == "queued" and job.worker is None and job.run_id is None
+    assert job.message == "re-queued: worker leaver shut down before finishing it"
+    assert started_run not in set(runs["id"])  # the unfinished run left no trace
+    assert taken is not None and taken.id == job_id
+    assert "stopped on SIGTERM; re-queued 1 job(s)" in w.output()
+
+
+def test_sigterm_on_an_idle_worker_exits_0_quickly(pg_url, tmp_path, procs):
+    w = WorkerProc(pg_url, tmp_path, "idle")
+    procs.append(w)
+    w.wait_serving()
+    t0 = time.monotonic()
+    assert w.stop(signal.SIGTERM) == 0, w.output()
+    assert time.monotonic() - t0 < 10
