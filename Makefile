@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup app test lint format browser-deps bench clean
+.PHONY: setup app test lint format browser-deps bench clean postgres docker-check
 
 setup: $(STAMP)
 
@@ -26,6 +26,15 @@ app: setup
 
 test: setup browser-deps
 	$(PY) -m pytest -q
+
+# A PostgreSQL server on loopback for the server-database tests (Debian packages; needs root):
+#   eval "$$(.ci/postgres.sh)" && make test     (the tests read SKETCHWALK_TEST_PG_URL)
+postgres:
+	.ci/postgres.sh
+
+# Lint the Dockerfile (hadolint) and resolve the compose file's profiles (Compose v2), no engine.
+docker-check:
+	docker/check.sh
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
