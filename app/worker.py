@@ -354,10 +354,10 @@ class Worker:
     def serve(self) -> None:
         """The loop: take jobs, sleep `poll_s` (or until woken) when the queue is empty, and
         now and then fail jobs whose worker died."""
-        while not self._stop.is_set():
+        while not self.stopping:
             try:
                 self._maybe_recover()
-                if self.run_once() is None and not self._stop.is_set():
+                if self.run_once() is None and not self.stopping:
                     self._wake.wait(self.settings.poll_s)
                     self._wake.clear()
             except Exception:  # database hiccup: log, back off, keep serving
@@ -381,17 +381,17 @@ class Worker:
 
     def request_release(self, grace_s: float) -> None:
         """Stop taking jobs; the running job may finish within `grace_s` seconds, else it is
-        released (back to the queue) at its next checkpoint. Safe to call from a signal handler;
-        a second call can only shorten the grace."""
+        released (back to the queue) at its next checkpoint. A second call can only shorten the
+        grace. Safe in a signal handler: plain attribute writes only. Setting an Event takes a
+        lock the interrupted main thread may hold (inside Event.wait), which would deadlock; the
+        idle loop notices within `poll_s` instead."""
         deadline = time.monotonic() + max(0.0, grace_s)
         if self._release_at is None or deadline < self._release_at:
             self._release_at = deadline
-        self._stop.set()
-        self._wake.set()
 
     @property
     def stopping(self) -> bool:
-        return self._stop.is_set()
+        return self._stop.is_set() or self._release_at is not None
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop after the current job (a running model is not interrupted)."""
