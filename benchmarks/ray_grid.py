@@ -136,10 +136,14 @@ def run_grid_ray(
     local instance) unless this process already did; a connection made here is closed at the
     end. `num_gpus` per task overrides the default (1 if the cluster has GPUs, else 0).
     """
-    import ray
-
     from sketchwalk.errors import SketchWalkError
 
+    try:
+        import ray
+    except ImportError:
+        raise SketchWalkError(
+            "--ray needs Ray: pip install 'sketchwalk[cluster]' (on every node)"
+        ) from None
     groups = panels(items)
     if not groups:
         raise SketchWalkError("the grid has no items")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import uuid
 
 import pytest
@@ -154,6 +155,15 @@ def test_ray_argument_forms():
     ray_grid.add_ray_argument(parser)
     assert parser.parse_args([]).ray is None  # local run
     assert parser.parse_args(["--ray", "ray://head:10001"]).ray == "ray://head:10001"
+
+
+def test_missing_ray_is_a_one_line_error(monkeypatch, grid):
+    from sketchwalk.errors import SketchWalkError
+
+    _, items, spec = grid
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(SketchWalkError, match=r"pip install 'sketchwalk\[cluster\]'"):
+        ray_grid.run_grid_ray(ray_grid.ModelSpec("m"), items, spec, "e")
 
 
 def test_server_store_detection():
