@@ -112,12 +112,14 @@ def test_two_workers_run_twenty_jobs_exactly_once(pg_url, tmp_path, procs, tiny_
 def test_a_killed_workers_job_is_recovered_after_the_heartbeat_timeout(pg_url, tmp_path, procs):
     timeout = {"SKETCHWALK_JOB_TIMEOUT_S": "2"}
     a = WorkerProc(pg_url, tmp_path, "victim", **timeout)
-    b = WorkerProc(pg_url, tmp_path, "rescuer", **timeout)
-    procs += [a, b]
+    procs.append(a)
     a.wait_serving()
     with open_store(pg_url) as store:
         stuck = store.enqueue_job({"prompt": "long", "sleep_s": 600})
         wait_for(lambda: store.get_job(stuck).status == "running", 30, "the job to start")
+        # the rescuer starts only now, so the victim is sure to hold the job
+        b = WorkerProc(pg_url, tmp_path, "rescuer", **timeout)
+        procs.append(b)
         b.wait_serving()
         time.sleep(3.5)  # > timeout: the victim's heartbeat keeps its job alive
         job = store.get_job(stuck)
