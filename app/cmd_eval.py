@@ -64,6 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR", help="folder for table, JSON, Parquet, HTML and PNG")
     p.add_argument("--no-png", action="store_true", help="skip the PNG plots (HTML only)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    from sketchwalk.benchmarks.ray_grid import add_ray_argument
+
+    add_ray_argument(p)  # --ray [ADDRESS]: run the grid as Ray tasks (absent: locally)
     p.set_defaults(func=cmd_eval)
 
 
@@ -175,7 +178,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SketchWalkError(f"cannot create --out {out}: {exc.strerror or exc}") from None
-    lm = load_model(args.model, args.dtype, args.device)
+    # Under Ray the driver only needs the tokenizer and context; tasks pick their own device.
+    lm = load_model(args.model, args.dtype, "cpu" if args.ray is not None else args.device)
     too_long = [n for n in lengths if n > lm.max_context]
     if too_long:
         raise SketchWalkError(
@@ -201,10 +205,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
             bar.set_postfix_str(msg[-40:], refresh=False)
             bar.update(done - bar.n)
 
-        rows = run_grid(lm, items, spec, eval_id, progress)
+        generator = {"generator": {"seed": args.seed, "depths": list(depths)}}
+        if args.ray is not None:
+            from sketchwalk.benchmarks.ray_grid import eval_grid_on_ray
+
+            rows = eval_grid_on_ray(args, items, spec, eval_id, progress, extra=generator)
+        else:
+            rows = run_grid(lm, items, spec, eval_id, progress)
     for row in rows:
-        row["extra"]["generator"] = {"seed": args.seed, "depths": list(depths)}
-    if not args.no_store:
+        row["extra"]["generator"] = generator["generator"]
+    if not args.no_store and args.ray is None:  # Ray tasks already stored their rows
         with open_store(args.db) as store:
             store.save_eval_results(rows)
     files = _write_outputs(rows, out, eval_id, png=not args.no_png)

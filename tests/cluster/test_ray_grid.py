@@ -170,3 +170,25 @@ def test_server_store_detection():
     assert ray_grid.is_server_store("postgresql://u:p@h/db")
     assert not ray_grid.is_server_store("/tmp/x.duckdb")
     assert not ray_grid.is_server_store("sqlite:///x.db") and not ray_grid.is_server_store(None)
+
+
+def test_eval_cli_with_ray_stores_the_same_cells_as_locally(ray_local, tiny_model_dir, tmp_path):
+    """`sketchwalk eval --ray` on the running local Ray instance (address 'auto')."""
+    from sketchwalk.app.cli import main
+    from sketchwalk.store import open_store
+
+    common = [
+        "eval", "--model", str(tiny_model_dir), "--methods", "sketchwalk", "--densities", "0.5",
+        "--tasks", "lm", "--lengths", "128", "--max-chunks", "1", "--block-size", "16",
+        "--dense-layers", "0", "--window", "0", "--dense-tail-blocks", "0", "--no-png",
+    ]  # fmt: skip
+    results = {}
+    for name, extra in (("local", []), ("ray", ["--ray", "auto"])):
+        db = tmp_path / f"{name}.duckdb"
+        assert main([*common, "--db", str(db), "--out", str(tmp_path / name), *extra]) == 0
+        with open_store(str(db)) as store:
+            results[name] = store.eval_results()
+    local, ray_ = results["local"], results["ray"]
+    assert len(local) == len(ray_) == 1
+    assert ray_["kl_mean"].iloc[0] == pytest.approx(local["kl_mean"].iloc[0], rel=1e-4, abs=1e-7)
+    assert ray_["density_achieved"].iloc[0] == pytest.approx(local["density_achieved"].iloc[0])
