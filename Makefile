@@ -24,7 +24,9 @@ browser-deps:
 app: setup
 	$(VENV)/bin/sketchwalk app
 
+# The PostgreSQL tests need a server: start one when we can (root, Debian); .ci/run requires it.
 test: setup browser-deps
+	@if [ -z "$$SKETCHWALK_TEST_PG_URL" ] && pg="$$(.ci/postgres.sh)"; then eval "$$pg"; fi; \
 	$(PY) -m pytest -q
 
 # A PostgreSQL server on loopback for the server-database tests (Debian packages; needs root):
