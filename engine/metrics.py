@@ -66,13 +66,6 @@ def compare_prompt(
     )
 
 
-def prompt_metrics(
-    dense_logits: torch.Tensor, sparse_logits: torch.Tensor, ids: torch.Tensor
-) -> dict:
-    """Teacher-forced summary over a prompt: mean/max KL, top-1 agreement, perplexities."""
-    return compare_prompt(dense_logits, sparse_logits, ids).summary()
-
-
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
