@@ -95,9 +95,11 @@ def block_pool(
     pad_front, pad_back = offset, n * block_size - offset - length
     xf = x.float()
     w = torch.ones(bsz, length, device=x.device) if valid is None else valid.float()
-    xf = xf * w[:, None, :, None]
-    xf = torch.nn.functional.pad(xf, (0, 0, pad_front, pad_back))
-    w = torch.nn.functional.pad(w, (pad_front, pad_back))
+    if valid is not None and not bool(valid.all()):  # skip a full copy in the common case
+        xf = xf * w[:, None, :, None]
+    if pad_front or pad_back:
+        xf = torch.nn.functional.pad(xf, (0, 0, pad_front, pad_back))
+        w = torch.nn.functional.pad(w, (pad_front, pad_back))
     sums = xf.view(bsz, h, n, block_size, d).sum(dim=3)
     counts = w.view(bsz, n, block_size).sum(dim=2)
     return sums, counts

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 _NEG_INF = float("-inf")
+_PREFIX_SLACK = 4  # blocks a row may give up to share its sink run with its neighbours
+_FOLD_MAX_ROWS = 1024  # longer queries already get the kernel's largest query split
 
 
 @dataclass
@@ -43,7 +45,19 @@ def _attend(
     causal: bool = False,
     mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output, natural-log LSE [N, H, L]) of softmax attention; K/V may have fewer heads (GQA)."""
+    """(output, natural-log LSE [N, H, L]) of softmax attention; K/V may have fewer heads (GQA).
+
+    Short query tiles run the CPU flash kernel with small query splits (32 rows below 192 queries),
+    and an explicit mask costs ~45% more there, so without a causal flag the query heads that share
+    a KV head are folded into one longer query (a free view): ~1.4x faster on masked windows.
+    """
+    n, h, lq, d = q.shape
+    rep = h // k.shape[1]
+    if rep > 1 and not causal and lq * rep <= _FOLD_MAX_ROWS:
+        qf = q.reshape(n, k.shape[1], rep * lq, d)
+        mf = None if mask is None else mask.repeat(1, 1, rep, 1)
+        o, lse = _attend(qf, k, v, scale, mask=mf)
+        return o.reshape(n, h, lq, d), lse.reshape(n, h, lq)
     try:
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, attn_mask=mask, scale=scale
@@ -159,6 +173,27 @@ class _Runs:
     middle_count: torch.Tensor  # [R]
 
 
+def _share_prefixes(prefix: torch.Tensor, slack: int = _PREFIX_SLACK) -> torch.Tensor:
+    """[BG, nq] leading-run lengths -> lengths shared by segments of consecutive rows.
+
+    Rows of a segment read one common sink run as one long query (the fast case of the CPU flash
+    kernel); each row's excess over the segment's minimum (at most `slack` blocks) moves to the
+    scattered middle. Dense rows (a staircase of prefixes) thus fold into one call instead of one
+    64-query call each.
+    """
+    out = prefix.clone()
+    for bg, row in enumerate(prefix.tolist()):
+        start, lo, hi = 0, row[0], row[0]
+        for i in range(1, len(row) + 1):
+            p = row[i] if i < len(row) else 0
+            if p > 0 and lo > 0 and max(hi, p) - min(lo, p) <= slack:
+                lo, hi = min(lo, p), max(hi, p)
+                continue
+            out[bg, start:i] = lo
+            start, lo, hi = i, p, p
+    return out
+
+
 def _runs(ids: torch.Tensor, cnt: torch.Tensor, g: int, nq: int) -> _Runs:
     r, kcap = ids.shape
     m = torch.arange(kcap)
@@ -178,6 +213,7 @@ def _runs(ids: torch.Tensor, cnt: torch.Tensor, g: int, nq: int) -> _Runs:
         if nz.numel():
             cap[i] = torch.mode(nz).values
     suffix = torch.minimum(tail, cap.repeat_interleave(nq))
+    prefix = _share_prefixes(prefix.view(-1, nq)).view(-1)
     mid = valid & (m >= prefix.unsqueeze(1)) & (m < (cnt - suffix).unsqueeze(1))
     mid_ids, mid_cnt = _compact(ids, mid, int(ids.max()) + 1 if ids.numel() else 0)
     kmid = max(int(mid_cnt.max()) if mid_cnt.numel() else 0, 1)

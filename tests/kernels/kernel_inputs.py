@@ -96,6 +96,30 @@ def patterned_block_index(
     return index, count
 
 
+def staircase_block_index(
+    batch: int, groups: int, lq: int, lk: int, block_size: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sink runs of uneven, mostly growing length per row, a window, and the last rows dense: the
+    CPU path shares one sink run between neighbouring rows and moves the excess to its middle."""
+    b = block_size
+    nq, nk = -(-lq // b), -(-lk // b)
+    off = lk - lq
+    index = torch.full((batch, groups, nq, nk), -1, dtype=torch.int32)
+    count = torch.zeros(batch, groups, nq, dtype=torch.int32)
+    for bi in range(batch):
+        for gi in range(groups):
+            for i in range(nq):
+                last = (off + min(i * b + b, lq) - 1) // b
+                prefix = 1 + i // 2 + int(torch.randint(0, 3, (1,), generator=gen))
+                if i >= nq - 2:  # dense rows
+                    prefix = last + 1
+                keep = set(range(min(prefix, last + 1))) | set(range(max(0, last - 1), last + 1))
+                ids = sorted(keep)
+                index[bi, gi, i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+                count[bi, gi, i] = len(ids)
+    return index, count
+
+
 def poisoned(like: torch.Tensor) -> torch.Tensor:
     """An output buffer full of NaN: any element a kernel forgets to write stays NaN."""
     return torch.full_like(like, float("nan"))

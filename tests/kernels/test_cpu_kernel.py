@@ -7,7 +7,13 @@ import zlib
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_inputs import patterned_block_index, random_block_index, random_qkv, rel_err
+from kernel_inputs import (
+    patterned_block_index,
+    random_block_index,
+    random_qkv,
+    rel_err,
+    staircase_block_index,
+)
 
 from sketchwalk.kernels.cpu import block_sparse_attention_cpu
 from sketchwalk.kernels.reference import block_sparse_attention_reference, dense_block_index
@@ -27,7 +33,7 @@ SHAPES = [
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("pattern", ["random", "sink_window"])
+@pytest.mark.parametrize("pattern", ["random", "sink_window", "staircase"])
 @pytest.mark.parametrize("causal", [True, False])
 def test_matches_reference_fp32(shape, pattern, causal):
     bsz, h, hkv, lq, lk, d, b, g = shape
@@ -35,6 +41,8 @@ def test_matches_reference_fp32(shape, pattern, causal):
     q, k, v = random_qkv(bsz, h, hkv, lq, lk, d, torch.float32, gen)
     if pattern == "random":
         idx, cnt = random_block_index(bsz, g, lq, lk, b, 0.4, gen)
+    elif pattern == "staircase":
+        idx, cnt = staircase_block_index(bsz, g, lq, lk, b, gen)
     else:
         idx, cnt = patterned_block_index(bsz, g, lq, lk, b, gen)
     out = block_sparse_attention_cpu(q, k, v, idx, cnt, b, causal)
