@@ -236,9 +236,9 @@ class _Accumulator:
     @staticmethod
     def _merge(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, l_: torch.Tensor) -> None:
         new = torch.logaddexp(lse, l_)
-        w_old = torch.exp(lse - new).nan_to_num_(0.0).unsqueeze(-1)  # nan: row saw nothing yet
-        w_new = torch.exp(l_ - new).nan_to_num_(0.0).unsqueeze(-1)
-        out.mul_(w_old).addcmul_(o, w_new)
+        # The two weights sum to one, so out * w_old + o * w_new is one lerp pass over out.
+        w_new = torch.exp(l_ - new).nan_to_num_(0.0).unsqueeze(-1)  # nan: neither saw a key
+        out.lerp_(o.to(out.dtype), w_new)
         lse.copy_(new)
 
     def add(self, rows: torch.Tensor, o: torch.Tensor, lse: torch.Tensor) -> None:
