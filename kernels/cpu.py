@@ -9,7 +9,10 @@ Why it is shaped like this (measured on the project's 2-core AVX-512 CPU, see sh
   strided [rows, block_size * D] view (fast memcpy rows, unlike advanced indexing).
 - Edge work: one call for all rows; in the common aligned case it is plain `is_causal`, otherwise a
   tiny explicit mask over at most a handful of blocks per row (never a T x T mask).
-- The two partial results are merged with their log-sum-exp in fp32.
+- Sink runs shared by neighbouring rows fold those rows into one long query; local windows of
+  consecutive rows are one strided view (row stride = one block), never a copy.
+- Short query tiles fold the query heads of a KV head into one longer query (see _attend).
+- The partial results are merged with their log-sum-exp in fp32.
 Index-list layout follows MInference's block-sparse kernel (sorted key-block ids plus a count per query
 block); the interior/edge split and the count grouping are ours.
 """
