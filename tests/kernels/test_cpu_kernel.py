@@ -127,3 +127,19 @@ def test_strided_inputs():
     idx, cnt = patterned_block_index(1, 1, 150, 150, 16, gen)
     out = block_sparse_attention_cpu(qt, kt, vt, idx, cnt, 16)
     assert rel_err(out, block_sparse_attention_reference(q, k, v, idx, cnt, 16)) < 1e-5
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_decode_in_chunks_with_left_padding(monkeypatch, groups):
+    """Decode gathers the kept blocks a few at a time; chunks merge by LSE, padding cuts some."""
+    import sketchwalk.kernels.cpu as cpu
+
+    monkeypatch.setattr(cpu, "_DECODE_CHUNK_TOKENS", 48)  # 3 blocks of 16 per chunk
+    gen = torch.Generator().manual_seed(groups)
+    q, k, v = random_qkv(2, 9, 3, 1, 333, 32, torch.float32, gen)
+    idx, cnt = random_block_index(2, groups, 1, 333, 16, 0.6, gen)
+    starts = torch.tensor([0, 41])  # 41: inside block 2, which a chunk may include
+    out = block_sparse_attention_cpu(q, k, v, idx, cnt, 16, True, None, starts)
+    ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16, True, None, starts)
+    assert int(cnt.max()) > 6  # several chunks per row
+    assert rel_err(out, ref) < 1e-5
