@@ -21,6 +21,8 @@ SHAPES = [
     (1, 4, 4, 50, 24, 16, 4, 1),  # ratio 1, head dim 24, no split
     (2, 8, 2, 40, 16, 16, 8, 4),  # G = H (each head its own list), more splits than some lists
     (1, 12, 4, 70, 16, 32, 6, 2),  # G straddles KV heads (expanded to per-head lists)
+    (1, 9, 3, 301, 64, 64, 1, 2),  # real tile sizes: head dim 64, block 64
+    (1, 8, 2, 300, 128, 128, 2, 2),  # head dim 128, block 128
 ]
 
 

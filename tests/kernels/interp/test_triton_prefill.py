@@ -84,3 +84,16 @@ def test_prefill_strided_output_and_bf16_dispatch():
     res = block_sparse_attention_triton(q, k, v, idx, cnt, 16, out=out)
     assert res is out and res.dtype == torch.bfloat16 and not out.isnan().any()
     assert rel_err(out, block_sparse_attention_reference(q, k, v, idx, cnt, 16)) < 1e-2
+
+
+@pytest.mark.parametrize("d,b", [(64, 64), (128, 128)], ids=["d64-b64", "d128-b128"])
+def test_prefill_real_tile_sizes(d, b):
+    """The sizes real models run (head dim 64/128, blocks 64/128), GQA 2, partial last block."""
+    gen = _seed("real", d, b)
+    lq = lk = 2 * b + 37
+    q, k, v = random_qkv(1, 4, 2, lq, lk, d, torch.float16, gen)
+    idx, cnt = random_block_index(1, 2, lq, lk, b, 0.6, gen)
+    out = poisoned(q)
+    block_sparse_prefill(q, k, v, idx, cnt, b, out=out)
+    assert not out.isnan().any()
+    assert rel_err(out, block_sparse_attention_reference(q, k, v, idx, cnt, b)) < TOL[torch.float16]
