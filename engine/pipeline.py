@@ -24,7 +24,7 @@ from .sketch import (
     block_pool,
     causal_block_softmax,
 )
-from .walk import walk, walk_row
+from .walk import walk, walk_row, walk_rows
 
 
 class StageTimer:
@@ -208,6 +208,95 @@ def _grow(x: torch.Tensor, dims: tuple[int, ...], n: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, pad)
 
 
+def _grow_state(st: DecodeLayerState, n: int) -> None:
+    """New key blocks formed: grow A_l and the block sums to n blocks (zeros, filled by callers)."""
+    if st.a.shape[-1] < n:
+        st.a = _grow(st.a, (st.a.dim() - 2, st.a.dim() - 1), n)
+        sk = st.sketched
+        st.sketched = SketchedBlocks(
+            _grow(sk.q_sum, (2,), n),
+            _grow(sk.q_count, (1,), n),
+            _grow(sk.k_sum, (2,), n),
+            _grow(sk.k_count, (1,), n),
+        )
+
+
+CHUNK_METHODS = ("sketchwalk", "nowalk", "streaming")  # scores from the sketch state alone
+
+
+def chunk_step(
+    st: DecodeLayerState,
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    lk: int,
+    cfg: SketchWalkConfig,
+    srht: SRHT,
+    key_valid: torch.Tensor,
+    prev_walk: torch.Tensor | None,
+    select: bool = True,
+) -> Plan:
+    """Queries after a cache (a chunked prefill, a later turn) for one layer.
+
+    q [B, H, Lq, d] and k_new [B, Hkv, Lq, d] hold positions lk - Lq .. lk - 1. The sketched block
+    sums take the new tokens (like decode, token by token but all at once); the rows of A_l from
+    the block of the chunk's first token on are recomputed; the walk runs on those rows only
+    (prev_walk: the same rows of the previous layer), exactly the rows a full prefill would get.
+    Rows, selection and the returned plan are in whole blocks from block (lk - Lq) // b: the
+    caller aligns the queries to that block (see Session._chunk).
+    """
+    bsz, h, lq, d = q.shape
+    b = cfg.block_size
+    t0 = lk - lq
+    n = -(-lk // b)
+    j0 = t0 // b
+    rows = torch.arange(j0, n, device=q.device)
+    timer = StageTimer(q.device)
+    new_valid = key_valid[:, t0:]
+    chunk_counts: list[torch.Tensor] = []
+
+    def update() -> torch.Tensor:
+        _grow_state(st, n)
+        sk = st.sketched
+        qs = srht(q)  # sketch then pool: the sketch is linear
+        q_sum, q_count = block_pool(qs, b, new_valid, offset=t0 % b)  # blocks j0 .. n-1
+        k_sum, k_count = block_pool(srht(k_new), b, new_valid, offset=t0 % b)
+        sk.q_sum[:, :, j0:] += q_sum
+        sk.k_sum[:, :, j0:] += k_sum
+        sk.q_count[:, j0:] += q_count
+        sk.k_count[:, j0:] += k_count
+        chunk_counts.append(q_count)
+        a_rows = transition(sk, rows, d, cfg)  # [B, G, R, n]
+        st.a[:, :, rows] = a_rows
+        st.window = torch.cat([st.window, qs], dim=2)[:, :, -cfg.query_window :]
+        return a_rows
+
+    a_rows = timer.run("sketch", update)
+    if not select:
+        return Plan(a_rows, None, None, None, None, timer.ms)
+    beta = cfg.effective_beta
+    w_rows = timer.run("walk", lambda: walk_rows(a_rows, st.a, prev_walk, beta, cfg.degree))
+    start, end = key_span(key_valid)
+
+    def choose() -> BlockSelection:
+        scores = method_scores(cfg, a_rows, w_rows, None, a_rows.shape, q.device)
+        dense_rows = rows >= n - cfg.dense_tail_blocks
+        return select_blocks(
+            scores,
+            rows,
+            b,
+            cfg.density,
+            start,
+            end,
+            cfg.sink,
+            cfg.window,
+            dense_rows,
+            chunk_counts[0] > 0,
+        )
+
+    sel = timer.run("select", choose)
+    return Plan(a_rows, w_rows, sel, None, None, timer.ms)
+
+
 def decode_step(
     st: DecodeLayerState,
     q: torch.Tensor,
@@ -233,15 +322,7 @@ def decode_step(
 
     def update() -> torch.Tensor:
         """Mutates st in place (it belongs to this sequence) and returns the row estimate r."""
-        if st.a.shape[-1] < n:  # a new key block forms: grow A_l and the sums by one row and column
-            st.a = _grow(st.a, (st.a.dim() - 2, st.a.dim() - 1), n)
-            sk = st.sketched
-            st.sketched = SketchedBlocks(
-                _grow(sk.q_sum, (2,), n),
-                _grow(sk.q_count, (1,), n),
-                _grow(sk.k_sum, (2,), n),
-                _grow(sk.k_count, (1,), n),
-            )
+        _grow_state(st, n)
         sk = st.sketched
         new_valid = key_valid[:, -1].float()
         qs, ks = srht(q), srht(k_new)  # [B,H,1,r], [B,Hkv,1,r]

@@ -78,7 +78,7 @@ def validate_prompt(
         )
 
 
-def _cache_kw(model: torch.nn.Module) -> str:
+def cache_kwarg(model: torch.nn.Module) -> str:
     """transformers 5.x renamed past_key_values to cache; accept both."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -102,7 +102,7 @@ def greedy(
     on_token: Callable[[int], None] | None = None,
 ) -> Decoded:
     """Prefill the prompt, then greedy-decode from the cache, keeping every step's logits."""
-    kw = _cache_kw(model)
+    kw = cache_kwarg(model)
     out, prefill_ms = _timed(ids.device, lambda: model(ids, use_cache=True))
     cache = getattr(out, "cache", None) or out.past_key_values
     prompt_logits = out.logits[0].float().cpu()

@@ -22,8 +22,10 @@ from .blockstats import exact_block_mass
 from .config import SketchWalkConfig
 from .dense import dense_attention, key_validity
 from .pipeline import (
+    CHUNK_METHODS,
     DecodeLayerState,
     Plan,
+    chunk_step,
     decode_step,
     groups_of,
     needs_exact,
@@ -44,6 +46,7 @@ class Session:
     kernel_backend: str | None = None
     step: int = 0
     walk_prev: torch.Tensor | None = None
+    chunk_walk: torch.Tensor | None = None  # the current chunk's rows of the previous layer's walk
     decode_states: dict[int, DecodeLayerState] = field(default_factory=dict)
     srhts: dict[tuple[int, int, str], SRHT] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -97,9 +100,13 @@ class Session:
             return self._prefill(layer, q, k, v, mask, key_valid, scale)
         if lq == 1 and layer in self.decode_states:
             return self._decode(layer, q, k, v, mask, key_valid, scale)
-        if lq > 1:
+        if lq > 1 and layer in self.decode_states:
+            return self._chunk(layer, q, k, v, mask, key_valid, scale)
+        if lq > 1 and not self.cfg.is_dense_layer(layer):
             warnings.warn(
-                "sketch_walk: chunked prefill (queries after a cache) runs dense", stacklevel=2
+                "sketch_walk: queries after a cache without this sequence's prefill state "
+                "(or with decode kept dense) run dense",
+                stacklevel=2,
             )
         return self._dense(phase, layer, None, q, k, v, mask, key_valid, scale)
 
@@ -134,6 +141,36 @@ class Session:
             return self._dense("prefill", layer, plan, q, k, v, mask, key_valid, scale)
         return self._sparse("prefill", layer, plan, q, k, v, mask, key_valid, scale)
 
+    def _chunk(self, layer, q, k, v, mask, key_valid, scale) -> torch.Tensor:
+        """Queries after a cache (chunked prefill, a later turn): the layer's decode state takes
+        the new tokens, the chunk's rows are walked and selected like a prefill's. The queries are
+        front-padded to a block boundary so that kernel tiles are whole blocks; the pad is cut.
+        Not recorded: a run's records are its prefill and its decode steps."""
+        cfg = self.cfg
+        lq, lk = q.shape[2], k.shape[2]
+        if layer == 0:
+            self.chunk_walk = None
+        sparse = cfg.sparse_in("prefill") and not cfg.is_dense_layer(layer)
+        if sparse and cfg.method not in CHUNK_METHODS:
+            warnings.warn(
+                f"sketch_walk: {cfg.method} runs dense on queries after a cache", stacklevel=2
+            )
+            sparse = False
+        srht = self.srht(layer, q.shape[-1], q.device)
+        st = self.decode_states[layer]
+        plan = chunk_step(
+            st, q, k[:, :, -lq:], lk, cfg, srht, key_valid, self.chunk_walk, select=sparse
+        )
+        for stage, ms in plan.timings.items():
+            self._time(stage, ms)
+        if not sparse:
+            return self._dense("prefill", layer, None, q, k, v, mask, key_valid, scale, False)
+        self.chunk_walk = plan.w
+        pad = (lk - lq) % cfg.block_size
+        q_aligned = torch.nn.functional.pad(q, (0, 0, pad, 0))
+        out = self._sparse("prefill", layer, plan, q_aligned, k, v, mask, key_valid, scale, False)
+        return out[:, :, pad:]
+
     def _decode(self, layer, q, k, v, mask, key_valid, scale) -> torch.Tensor:
         cfg = self.cfg
         st = self.decode_states[layer]
@@ -150,7 +187,9 @@ class Session:
             self._time(stage, ms)
         return self._sparse("decode", layer, plan, q, k, v, mask, key_valid, scale)
 
-    def _sparse(self, phase, layer, plan: Plan, q, k, v, mask, key_valid, scale) -> torch.Tensor:
+    def _sparse(
+        self, phase, layer, plan: Plan, q, k, v, mask, key_valid, scale, record: bool = True
+    ) -> torch.Tensor:
         sel = plan.selection
         seq_start = None if bool(key_valid.all()) else key_valid.float().argmax(dim=1)
         t0 = _now(q)
@@ -169,7 +208,7 @@ class Session:
         timings = dict(plan.timings, attention=_now(q) - t0)
         self._time("attention", timings["attention"])
         self._count(phase, sel.kept, sel.candidates, sparse=True)
-        if self.recorder is not None:
+        if self.recorder is not None and record:
             if self.recorder.options.time_dense:
                 t0 = _now(q)
                 dense_attention(q, k, v, mask, scale)
@@ -190,7 +229,7 @@ class Session:
         return out
 
     def _dense(
-        self, phase, layer, plan: Plan | None, q, k, v, mask, key_valid, scale
+        self, phase, layer, plan: Plan | None, q, k, v, mask, key_valid, scale, record=True
     ) -> torch.Tensor:
         t0 = _now(q)
         out = dense_attention(q, k, v, mask, scale)
@@ -200,7 +239,7 @@ class Session:
         nk = -(-k.shape[2] // self.cfg.block_size)
         cand = nk if q.shape[2] == 1 else nq * (nq + 1) // 2  # causal pairs (unpadded estimate)
         self._count(phase, cand, cand, sparse=False)
-        if self.recorder is not None:
+        if self.recorder is not None and record:
             timings = dict(plan.timings if plan else {}, attention=ms, dense=ms)
             self.recorder.record(
                 phase,

@@ -14,11 +14,20 @@ def walk(a: torch.Tensor, prev: torch.Tensor | None, beta: float, degree: int) -
 
     state <- (1 - beta) * A + beta * (state @ A), `degree` times. beta = 0 returns A (no walk).
     """
+    return walk_rows(a, a, prev, beta, degree)
+
+
+def walk_rows(
+    a_rows: torch.Tensor, a: torch.Tensor, prev: torch.Tensor | None, beta: float, degree: int
+) -> torch.Tensor:
+    """Some rows of W_l: a_rows [..., R, n] are those rows of A_l [..., n, n], prev the same rows
+    of W_{l-1}. Row i of W_l only reads row i of W_{l-1} and all of A_l, so a chunk of queries
+    after a cache gets exactly the rows a full prefill would compute."""
     if beta == 0.0:
-        return a
-    state = a if prev is None else prev
+        return a_rows
+    state = a_rows if prev is None else prev
     for _ in range(degree):
-        state = torch.lerp(a, state @ a, beta)
+        state = torch.lerp(a_rows, state @ a, beta)
     return state
 
 
