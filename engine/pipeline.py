@@ -252,9 +252,8 @@ def chunk_step(
     rows = torch.arange(j0, n, device=q.device)
     timer = StageTimer(q.device)
     new_valid = key_valid[:, t0:]
-    chunk_counts: list[torch.Tensor] = []
 
-    def update() -> torch.Tensor:
+    def update() -> tuple[torch.Tensor, torch.Tensor]:
         _grow_state(st, n)
         sk = st.sketched
         qs = srht(q)  # sketch then pool: the sketch is linear
@@ -264,13 +263,12 @@ def chunk_step(
         sk.k_sum[:, :, j0:] += k_sum
         sk.q_count[:, j0:] += q_count
         sk.k_count[:, j0:] += k_count
-        chunk_counts.append(q_count)
         a_rows = transition(sk, rows, d, cfg)  # [B, G, R, n]
         st.a[:, :, rows] = a_rows
         st.window = torch.cat([st.window, qs], dim=2)[:, :, -cfg.query_window :]
-        return a_rows
+        return a_rows, q_count > 0  # rows holding the chunk's real queries
 
-    a_rows = timer.run("sketch", update)
+    a_rows, real_rows = timer.run("sketch", update)
     if not select:
         return Plan(a_rows, None, None, None, None, timer.ms)
     beta = cfg.effective_beta
@@ -290,7 +288,7 @@ def chunk_step(
             cfg.sink,
             cfg.window,
             dense_rows,
-            chunk_counts[0] > 0,
+            real_rows,
         )
 
     sel = timer.run("select", choose)

@@ -92,6 +92,8 @@ class Session:
             self.reset()
         if lq == 1 and lk > 1 and layer == 0:
             self.step += 1
+        if 1 < lq < lk and layer == 0:  # a chunk after a cache: its own walk across layers
+            self.chunk_walk = None
         phase = "prefill" if lq > 1 else "decode"
         if self.progress is not None:
             self.progress(phase, self.step, layer)
@@ -148,8 +150,6 @@ class Session:
         Not recorded: a run's records are its prefill and its decode steps."""
         cfg = self.cfg
         lq, lk = q.shape[2], k.shape[2]
-        if layer == 0:
-            self.chunk_walk = None
         sparse = cfg.sparse_in("prefill") and not cfg.is_dense_layer(layer)
         if sparse and cfg.method not in CHUNK_METHODS:
             warnings.warn(

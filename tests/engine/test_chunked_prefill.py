@@ -70,6 +70,22 @@ def test_sparse_chunks_keep_their_budget_and_match_a_full_sparse_prefill():
     assert kl(chunked) < 1.5 * kl(whole) + 1e-4  # as good as one sparse prefill of it all
 
 
+def test_each_chunk_walks_its_own_rows_with_dense_first_layers():
+    """Default dense layers (0, 1): the chunk walk restarts at layer 0 even though layer 0 never
+    reaches the chunk path, so the second chunk does not read the first chunk's rows."""
+    model = tiny_llama(layers=4)
+    ids = torch.randint(1, 128, (1, 200))
+    cfg = SketchWalkConfig(density=0.4, block_size=16, dense_layers=(0, 1), dense_tail_blocks=0)
+    model.set_attn_implementation("sketch_walk")
+    with sketch_walk_session(cfg) as s:
+        two = chunked_logits(model, ids, [70, 140])
+    with sketch_walk_session(cfg):
+        one = chunked_logits(model, ids, [70])
+    assert s.chunk_walk.shape[2] == -(-200 // 16) - 140 // 16
+    assert torch.allclose(two[:, :140], one[:, :140], atol=1e-5)
+    assert torch.isfinite(two).all()
+
+
 def test_generate_continues_a_cached_turn_like_dense():
     """A second turn: generate() gets a cache of the first, feeds the rest as one chunk, decodes."""
     from transformers import DynamicCache
