@@ -28,6 +28,7 @@ _NEG_INF = float("-inf")
 _PREFIX_SLACK = 4  # blocks a row may give up to share its sink run with its neighbours
 _FOLD_MAX_ROWS = 1024  # longer queries already get the kernel's largest query split
 _DECODE_CHUNK_TOKENS = 2048  # K/V rows gathered per decode call: the copy stays in cache
+_DECODE_MASKED_MAX_TOKENS = 4096  # shorter caches: one masked SDPA call beats gathering
 
 
 @dataclass
@@ -456,6 +457,8 @@ def _decode(
     """
     bsz, h, _, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
+    if lk <= _DECODE_MASKED_MAX_TOKENS:
+        return _decode_masked(q, k, v, block_index, block_count, b, scale, seq_start)
     g = block_index.shape[1]
     hq = h // g
     kv_per_group = max(hkv // g, 1)
@@ -502,4 +505,45 @@ def _decode(
             lse_all = torch.stack(lses)  # [pieces, hq, 1]
             w = torch.softmax(lse_all, dim=0).unsqueeze(-1)
             out[bi, gi * hq : (gi + 1) * hq] = (torch.stack(outs) * w).sum(0).to(q.dtype)
+    return out
+
+
+def _decode_masked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_index: torch.Tensor,
+    block_count: torch.Tensor,
+    b: int,
+    scale: float,
+    seq_start: torch.Tensor | None,
+) -> torch.Tensor:
+    """Short caches: one SDPA call over all keys with the unlisted ones masked out.
+
+    Below a few thousand tokens a decode step is dominated by fixed costs, and reading the whole
+    (cache-resident) K/V beats gathering: `sketchwalk bench attention --phase decode` puts the
+    crossover near 6k tokens on the project's CPU. The result is the block-sparse one exactly.
+    """
+    bsz, h, _, d = q.shape
+    lk = k.shape[2]
+    g = block_index.shape[1]
+    nk = -(-lk // b)
+    idx = block_index[:, :, 0].long()
+    live = torch.arange(idx.shape[-1], device=idx.device) < block_count[:, :, 0].long()[..., None]
+    live &= (idx >= 0) & (idx < nk)
+    blocks = torch.full((bsz, g, nk + 1), _NEG_INF, dtype=q.dtype, device=idx.device)
+    blocks.scatter_(2, torch.where(live, idx, nk), 0.0)
+    mask = blocks[..., :nk, None].expand(bsz, g, nk, b).reshape(bsz, g, 1, nk * b)[..., :lk]
+    if seq_start is not None:
+        pad = torch.arange(lk, device=q.device) < seq_start.to(q.device).view(bsz, 1, 1, 1)
+        mask = mask.masked_fill(pad, _NEG_INF)
+    empty = ~torch.isfinite(mask).any(-1)  # [B, G, 1]: rows that see nothing come out zero
+    if g == k.shape[1]:  # one list per KV head: its query heads become rows of one query
+        out = F.scaled_dot_product_attention(q.view(bsz, g, h // g, d), k, v, mask, scale=scale)
+        out = out.view(bsz, h, 1, d)
+    else:
+        mask = mask.repeat_interleave(h // g, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, mask, scale=scale, enable_gqa=True)
+    if bool(empty.any()):
+        out = out.masked_fill(empty.repeat_interleave(h // g, dim=1)[..., None], 0.0)
     return out

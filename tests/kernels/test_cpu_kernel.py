@@ -135,6 +135,7 @@ def test_decode_in_chunks_with_left_padding(monkeypatch, groups):
     import sketchwalk.kernels.cpu as cpu
 
     monkeypatch.setattr(cpu, "_DECODE_CHUNK_TOKENS", 48)  # 3 blocks of 16 per chunk
+    monkeypatch.setattr(cpu, "_DECODE_MASKED_MAX_TOKENS", 0)  # the gather path, not the mask
     gen = torch.Generator().manual_seed(groups)
     q, k, v = random_qkv(2, 9, 3, 1, 333, 32, torch.float32, gen)
     idx, cnt = random_block_index(2, groups, 1, 333, 16, 0.6, gen)
@@ -143,3 +144,17 @@ def test_decode_in_chunks_with_left_padding(monkeypatch, groups):
     ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16, True, None, starts)
     assert int(cnt.max()) > 6  # several chunks per row
     assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("groups", [1, 3, 9])
+def test_decode_short_cache_masked_path(groups):
+    """Short caches take one masked SDPA call: same result, padding hidden, empty lists zero."""
+    gen = torch.Generator().manual_seed(100 + groups)
+    q, k, v = random_qkv(2, 9, 3, 1, 250, 32, torch.float32, gen)
+    idx, cnt = random_block_index(2, groups, 1, 250, 16, 0.4, gen)
+    cnt[1, -1] = 0  # the last group of sequence 1 keeps nothing
+    starts = torch.tensor([0, 23])
+    out = block_sparse_attention_cpu(q, k, v, idx, cnt, 16, True, None, starts)
+    ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16, True, None, starts)
+    assert rel_err(out, ref) < 1e-5
+    assert torch.count_nonzero(out[1, 9 - 9 // groups :]) == 0
