@@ -31,7 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def streamlit_argv(port: int, host: str) -> list[str]:
-    """The `streamlit run` command line: headless, no usage stats, no file watcher."""
+    """The `streamlit run` command line: headless, no usage stats, no file watcher, and no full
+    garbage collection after every script run: with torch and transformers loaded, gc.collect(2)
+    holds the GIL for a long time, and the progress panel reruns every poll interval, so the
+    in-app worker thread crawled (a tiny-model job: minutes instead of seconds)."""
     return [
         sys.executable,
         "-m",
@@ -42,6 +45,7 @@ def streamlit_argv(port: int, host: str) -> list[str]:
         f"--server.port={port}",
         f"--server.address={host}",
         "--server.fileWatcherType=none",
+        "--runner.postScriptGC=false",
         "--browser.gatherUsageStats=false",
         "--client.toolbarMode=minimal",
     ]

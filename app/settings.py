@@ -48,9 +48,16 @@ class Settings:
     heartbeat_s: float = 10.0  # SKETCHWALK_HEARTBEAT_S: a running job's "still alive" interval
     job_timeout_s: float = 120.0  # SKETCHWALK_JOB_TIMEOUT_S: silent this long = worker is dead
     stop_grace_s: float = 20.0  # SKETCHWALK_STOP_GRACE_S: on SIGTERM, finish within this or release
+    # SKETCHWALK_THREADS: torch threads of the in-app worker; it leaves one core to the UI and the
+    # browser. With every core in an OpenMP team, one busy core stalls each parallel region (a
+    # tiny-model run went from 11 s to over 120 s beside one busy process; with one thread: 16 s).
+    threads: int = 1
 
 
 def load() -> Settings:
+    threads = _int("THREADS", max(1, (os.cpu_count() or 2) - 1))
+    if threads < 1:
+        raise ValueError(f"{ENV_PREFIX}THREADS must be at least 1, got {threads}")
     return Settings(
         max_prompt_tokens=_int("MAX_PROMPT_TOKENS", 8192),
         max_new_tokens=_int("MAX_NEW_TOKENS", 256),
@@ -64,4 +71,5 @@ def load() -> Settings:
         heartbeat_s=_float("HEARTBEAT_S", 10.0),
         job_timeout_s=_float("JOB_TIMEOUT_S", 120.0),
         stop_grace_s=_float("STOP_GRACE_S", 20.0),
+        threads=threads,
     )

@@ -50,6 +50,9 @@ def get_store() -> Store:
 
 @st.cache_resource(show_spinner=False)
 def _worker(url: str) -> Worker:
+    import torch
+
+    torch.set_num_threads(app_settings.load().threads)  # process-wide: the worker's share
     return Worker(_store(url)).start()
 
 

@@ -188,6 +188,7 @@ def test_app_command_builds_a_headless_streamlit_command_and_checks_the_store(tm
     argv = cmd_app.streamlit_argv(8599, "localhost")
     assert argv[1:4] == ["-m", "streamlit", "run"] and argv[4].endswith("streamlit_app.py")
     assert "--server.headless=true" in argv and "--server.port=8599" in argv
+    assert "--runner.postScriptGC=false" in argv  # a full GC per rerun starves the worker
     bad = tmp_path / "not-a-db.duckdb"
     bad.write_text("hello")
     out = subprocess.run(
