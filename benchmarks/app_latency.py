@@ -1,0 +1,96 @@
+"""How long a person waits in the app: Run clicked -> job done -> first heatmap in Explore.
+
+Starts `sketchwalk app` on a fresh DuckDB file, drives it with Chromium (Debian's, through
+playwright, as tests/e2e does), submits one run with the page's defaults (SmolLM2, density 0.2,
+32 new tokens, recording on), and prints the two waits.
+The model's one-time conversion is done before the clock starts (it is cached per machine).
+
+    .venv/bin/python -m sketchwalk.benchmarks.app_latency --prompt-file FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit("app_latency: the app exited")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read() == b"ok":
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise SystemExit("app_latency: the app did not start")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--prompt-file", required=True)
+    args = ap.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    from sketchwalk.engine.models import load_model
+
+    load_model()  # the one-time conversion stays out of the measurement
+    prompt = Path(args.prompt_file).read_text()
+    db = Path(tempfile.mkdtemp()) / "latency.duckdb"
+    port = _free_port()
+    url = f"http://localhost:{port}"
+    script = Path(sys.executable).with_name("sketchwalk")
+    proc = subprocess.Popen(
+        [str(script), "app", "--db", str(db), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_healthy(url, proc)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"]
+            )
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(1_800_000)
+            page.goto(url)
+            page.get_by_role("heading", name="New run").wait_for()
+            area = page.get_by_label("Prompt", exact=True)
+            area.fill(prompt)
+            area.press("Control+Enter")
+            page.get_by_text("tokens · limit").first.wait_for()
+            page.wait_for_timeout(1500)
+            t0 = time.monotonic()
+            page.get_by_role("button", name="Run", exact=True).click()
+            page.get_by_text(": done").first.wait_for()
+            t_done = time.monotonic() - t0
+            page.get_by_role("button", name="Open in Explore").click()
+            page.locator(".js-plotly-plot .heatmaplayer").first.wait_for()
+            t_map = time.monotonic() - t0
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    print(f"run clicked -> done: {t_done:.1f} s; -> first heatmap in Explore: {t_map:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
