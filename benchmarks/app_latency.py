@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--prompt-file", required=True)
     args = ap.parse_args(argv)
+    if not Path(args.prompt_file).is_file():
+        print(f"app_latency: no such prompt file: {args.prompt_file}", file=sys.stderr)
+        return 2
     from playwright.sync_api import sync_playwright
 
     from sketchwalk.engine.models import load_model

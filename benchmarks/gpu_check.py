@@ -133,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", help="cpu only with TRITON_INTERPRET=1 (smoke)")
     ap.add_argument("--smoke", action="store_true", help="tiny cases, fp16: tests the script")
     args = ap.parse_args(argv)
-    dev = torch.device(args.device)
+    try:
+        dev = torch.device(args.device)
+    except RuntimeError:
+        print(f"gpu_check: unknown device {args.device!r}", file=sys.stderr)
+        return 2
     if dev.type == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device; nothing measured", file=sys.stderr)
         return 2

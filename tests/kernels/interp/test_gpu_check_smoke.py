@@ -25,6 +25,8 @@ def test_gpu_check_smoke_runs_checks_and_writes_the_report(tmp_path, monkeypatch
         assert row["backend"] == "triton" and row["dense_ms"] > 0 and row["sparse_ms"] > 0
 
 
-def test_gpu_check_refuses_cpu_without_the_interpreter(monkeypatch):
+def test_gpu_check_refuses_cpu_without_the_interpreter_and_unknown_devices(monkeypatch, capsys):
+    assert gpu_check.main(["--device", "nonsense"]) == 2
+    assert "unknown device 'nonsense'" in capsys.readouterr().err
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert gpu_check.main(["--device", "cpu", "--smoke"]) == 2
