@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup app test lint format browser-deps bench clean postgres docker-check
+.PHONY: setup app test check lint format browser-deps bench clean postgres docker-check
 
 setup: $(STAMP)
 
@@ -28,6 +28,12 @@ app: setup
 test: setup browser-deps
 	@if [ -z "$$SKETCHWALK_TEST_PG_URL" ] && pg="$$(.ci/postgres.sh)"; then eval "$$pg"; fi; \
 	$(PY) -m pytest -q
+
+# The quick loop for everyday work: lint and the fast tests (no real model, no browser, no
+# PostgreSQL, no Triton interpreter subprocess). `make test` stays the full suite CI runs.
+check: setup
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	SKETCHWALK_TEST_PG_URL= CI= $(PY) -m pytest -q -x -m "not slow and not browser and not interp"
 
 # A PostgreSQL server on loopback for the server-database tests (Debian packages; needs root):
 #   eval "$$(.ci/postgres.sh)" && make test     (the tests read SKETCHWALK_TEST_PG_URL)

@@ -17,10 +17,10 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from sketchwalk.app import settings as app_settings
-from sketchwalk.app.worker import Worker, make_request
+from sketchwalk import settings as app_settings
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.store import Store, open_store, resolve_url
+from sketchwalk.worker.loop import Worker, make_request
 
 RUN_KEY = "run_id"  # the run the person is looking at, shared by Explore/Compare/Speed
 JOBS_KEY = "my_jobs"  # job ids this browser session submitted

@@ -1,7 +1,7 @@
 """Errors the store raises: each a one-line `SketchWalkError` a user can act on.
 
 Separate classes let the app and CLI react to a situation (a locked file, a missing run) without
-parsing messages, while `sketchwalk.app.cli` prints any of them as one line.
+parsing messages, while `sketchwalk.cli.main` prints any of them as one line.
 """
 
 from __future__ import annotations

@@ -23,6 +23,20 @@ def tiny_model_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir) -> str:
+    """The tiny model's folder as the model id a run request carries."""
+    return str(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def models():
+    """One model cache for the session's worker tests (models load once)."""
+    from sketchwalk.worker.loop import ModelCache
+
+    return ModelCache(2)
+
+
 @pytest.fixture
 def pg_url():
     """A URL into a fresh, empty schema on the test PostgreSQL server (dropped afterwards).

@@ -3,7 +3,7 @@
 Filterable by model, task and method. By default each (model, task, source, length, method,
 density) cell shows its latest eval only, so re-running a grid replaces its points instead of
 drawing zigzags; a specific eval can be picked instead. The figures are the same functions the
-CLI writes to HTML/PNG (sketchwalk.benchmarks.eval_report), so both always agree.
+CLI writes to HTML/PNG (sketchwalk.eval.report), so both always agree.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import streamlit as st
 
 from sketchwalk.app import widgets
-from sketchwalk.benchmarks import eval_report
+from sketchwalk.eval import report as eval_report
 from sketchwalk.store import jsonio
 from sketchwalk.store.bulk import arrow_schema
 from sketchwalk.store.schema import eval_results as eval_table

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from sketchwalk.app import prompts, settings, widgets
-from sketchwalk.app.worker import make_request
+from sketchwalk import settings
+from sketchwalk.app import prompts, widgets
 from sketchwalk.engine.config import METHODS, PHASES, ConfigError, SketchWalkConfig
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.worker.loop import make_request
 
 store = widgets.setup("New run")
 limits = settings.load()

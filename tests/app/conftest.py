@@ -10,22 +10,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from app_helpers import INJECTION, tiny_config
+from run_helpers import INJECTION, tiny_config
 
 from sketchwalk.app import prompts
-from sketchwalk.app.worker import ModelCache, Worker, make_request
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> str:
-    from sketchwalk.engine.models import make_tiny_model
-
-    return str(make_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
-
-
-@pytest.fixture(scope="session")
-def models() -> ModelCache:
-    return ModelCache(2)
+from sketchwalk.worker.loop import Worker, make_request
 
 
 @pytest.fixture(scope="session")

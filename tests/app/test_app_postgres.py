@@ -9,11 +9,11 @@ import zipfile
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from app_helpers import new_app, spec, tiny_config
+from run_helpers import new_app, spec, tiny_config
 from test_pages import on_page
 
-from sketchwalk.app.worker import Worker, make_request
 from sketchwalk.store import open_store
+from sketchwalk.worker.loop import Worker, make_request
 
 PAGES = ("explore", "compare", "speed")
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from app_helpers import INJECTION, new_app, spec, z_array
+from run_helpers import INJECTION, new_app, spec, z_array
 
 from sketchwalk.app import prompts
-from sketchwalk.app.worker import Worker
 from sketchwalk.store import open_store
+from sketchwalk.worker.loop import Worker
 
 
 def charts(at) -> dict[str, dict]:

@@ -50,7 +50,7 @@ def free_port() -> int:
 def sketchwalk_cmd() -> list[str]:
     """The installed `sketchwalk` script next to this Python (as the README runs it)."""
     script = Path(sys.executable).with_name("sketchwalk")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "sketchwalk.app.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "sketchwalk.cli.main"]
 
 
 @pytest.fixture(scope="module")

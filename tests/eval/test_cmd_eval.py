@@ -7,8 +7,8 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from sketchwalk.app.cli import main
-from sketchwalk.benchmarks import eval_report
+from sketchwalk.cli.main import main
+from sketchwalk.eval import report as eval_report
 from sketchwalk.store import open_store
 
 

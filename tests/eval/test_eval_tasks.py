@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from sketchwalk.benchmarks import eval_retrieval as er
-from sketchwalk.benchmarks.eval_items import build_items, parse_tasks
-from sketchwalk.benchmarks.eval_texts import chunk_spans, load_source
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.eval import retrieval as er
+from sketchwalk.eval.items import build_items, parse_tasks
+from sketchwalk.eval.texts import chunk_spans, load_source
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from sketchwalk.app.cli import main
 from sketchwalk.benchmarks.attention import decode_block_list, format_table, run_attention_bench
+from sketchwalk.cli.main import main
 
 KEYS = {
     "phase", "shape", "dtype", "device", "backend", "seq_len", "density", "achieved_density",

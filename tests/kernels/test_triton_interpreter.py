@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 
 
+@pytest.mark.interp
 def test_triton_kernels_in_interpreter():
     if os.environ.get("TRITON_INTERPRET") == "1":
         # This session already collects interp/ directly; check that it really interprets.

@@ -8,7 +8,7 @@ import zipfile
 import pytest
 from store_fixtures import saved_run
 
-from sketchwalk.app.cli import main
+from sketchwalk.cli.main import main
 from sketchwalk.store import open_store
 
 

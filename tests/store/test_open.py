@@ -123,7 +123,7 @@ def test_second_process_gets_a_clear_lock_error(db_path):
         assert "another process" in probe.stdout and "--db" in probe.stdout
 
         cli = subprocess.run(
-            [sys.executable, "-m", "sketchwalk.app.cli", "runs", "--db", str(db_path)],
+            [sys.executable, "-m", "sketchwalk.cli.main", "runs", "--db", str(db_path)],
             capture_output=True,
             text=True,
             timeout=60,

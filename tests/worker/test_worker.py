@@ -7,12 +7,12 @@ import sys
 import time
 
 import pytest
-from app_helpers import tiny_config
+from run_helpers import tiny_config
 
-from sketchwalk.app import worker as worker_mod
-from sketchwalk.app.settings import load
-from sketchwalk.app.worker import RESTART_REASON, Worker, make_request
+from sketchwalk.settings import load
 from sketchwalk.store import open_store
+from sketchwalk.worker import loop as worker_mod
+from sketchwalk.worker.loop import RESTART_REASON, Worker, make_request
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 12
 
@@ -154,7 +154,7 @@ def test_worker_cli_refuses_a_duckdb_file_held_by_another_process(tmp_path):
     try:
         assert holder.stdout.readline().strip() == "ready"
         out = subprocess.run(
-            [sys.executable, "-m", "sketchwalk.app.cli", "worker", "--db", str(db), "--once"],
+            [sys.executable, "-m", "sketchwalk.cli.main", "worker", "--db", str(db), "--once"],
             capture_output=True,
             text=True,
             timeout=120,
@@ -171,7 +171,7 @@ def test_worker_cli_once_runs_queued_jobs(tmp_path, tiny_model):
     with open_store(db) as s:
         job_id = s.enqueue_job(make_request(TEXT, tiny_config(), tiny_model, 1))
     out = subprocess.run(
-        [sys.executable, "-m", "sketchwalk.app.cli", "worker", "--db", db, "--once"],
+        [sys.executable, "-m", "sketchwalk.cli.main", "worker", "--db", db, "--once"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -183,7 +183,7 @@ def test_worker_cli_once_runs_queued_jobs(tmp_path, tiny_model):
 
 
 def test_app_command_builds_a_headless_streamlit_command_and_checks_the_store(tmp_path):
-    from sketchwalk.app import cmd_app
+    from sketchwalk.cli import app as cmd_app
 
     argv = cmd_app.streamlit_argv(8599, "localhost")
     assert argv[1:4] == ["-m", "streamlit", "run"] and argv[4].endswith("streamlit_app.py")
@@ -192,7 +192,7 @@ def test_app_command_builds_a_headless_streamlit_command_and_checks_the_store(tm
     bad = tmp_path / "not-a-db.duckdb"
     bad.write_text("hello")
     out = subprocess.run(
-        [sys.executable, "-m", "sketchwalk.app.cli", "app", "--db", str(bad), "--port", "8599"],
+        [sys.executable, "-m", "sketchwalk.cli.main", "app", "--db", str(bad), "--port", "8599"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from sketchwalk.app.settings import load
+from sketchwalk.settings import load
 
 
 def test_in_app_worker_leaves_one_core(monkeypatch):

@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 import torch
 
 import sketchwalk
-from sketchwalk.benchmarks.eval_items import Item
-from sketchwalk.benchmarks.eval_retrieval import is_correct
 from sketchwalk.engine.config import SketchWalkConfig
 from sketchwalk.engine.hook import NAME
 from sketchwalk.engine.metrics import kl_per_position, token_logprobs
@@ -32,6 +30,8 @@ from sketchwalk.engine.models import LoadedModel
 from sketchwalk.engine.runner import Decoded, greedy
 from sketchwalk.engine.session import Session, sketch_walk_session
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.eval.items import Item
+from sketchwalk.eval.retrieval import is_correct
 
 ProgressFn = Callable[[int, int, str], None]  # (done, total, message)
 _ROWS = 1024  # logit rows per metric chunk

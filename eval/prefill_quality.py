@@ -1,6 +1,6 @@
 """Teacher-forced prefill quality of sparse configs against dense, on the first N tokens of a text.
 
-    python -m sketchwalk.benchmarks.prefill_quality --tokens 2000 6000 \\
+    python -m sketchwalk.eval.prefill_quality --tokens 2000 6000 \\
         --config '{"density": 0.4}' --config '{"density": 0.4, "window": 0.1, "dense_tail_blocks": 0}'
 
 Prints achieved density (sparse layers / all layers), mean KL(dense || sparse), top-1 agreement and

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
-from sketchwalk.benchmarks import eval_retrieval, eval_texts
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.eval import retrieval as eval_retrieval
+from sketchwalk.eval import texts as eval_texts
 
 TASK_KINDS = ("lm", "retrieval", "file")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sketchwalk.engine.config import SketchWalkConfig
 
-APP = Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py"
+APP = Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py"
 INJECTION = "<script>alert(1)</script><img src=x onerror=alert(2)>"
 
 

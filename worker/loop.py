@@ -24,9 +24,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from sketchwalk.app.settings import Settings
-from sketchwalk.app.settings import load as load_settings
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.settings import Settings
+from sketchwalk.settings import load as load_settings
 
 log = logging.getLogger(__name__)
 

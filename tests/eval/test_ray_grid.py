@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
-from sketchwalk.benchmarks import ray_grid
-from sketchwalk.benchmarks.eval_grid import GridSpec, run_grid
-from sketchwalk.benchmarks.eval_items import build_items, parse_tasks
+from sketchwalk.eval import ray_grid
+from sketchwalk.eval.grid import GridSpec, run_grid
+from sketchwalk.eval.items import build_items, parse_tasks
 from sketchwalk.store import open_store
 
 TIMINGS = ("dense_ms", "sparse_ms")  # wall-clock: the only columns allowed to differ
@@ -174,7 +174,7 @@ def test_server_store_detection():
 
 def test_eval_cli_with_ray_stores_the_same_cells_as_locally(ray_local, tiny_model_dir, tmp_path):
     """`sketchwalk eval --ray` on the running local Ray instance (address 'auto')."""
-    from sketchwalk.app.cli import main
+    from sketchwalk.cli.main import main
     from sketchwalk.store import open_store
 
     common = [

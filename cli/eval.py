@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR", help="folder for table, JSON, Parquet, HTML and PNG")
     p.add_argument("--no-png", action="store_true", help="skip the PNG plots (HTML only)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
-    from sketchwalk.benchmarks.ray_grid import add_ray_argument
+    from sketchwalk.eval.ray_grid import add_ray_argument
 
     add_ray_argument(p)  # --ray [ADDRESS]: run the grid as Ray tasks (absent: locally)
     p.set_defaults(func=cmd_eval)
@@ -130,8 +130,8 @@ def _dense_layers(text: str) -> tuple[int, ...]:
 
 def build(args: argparse.Namespace):
     """Everything validated before the model loads: (spec, tasks, lengths, depths)."""
-    from sketchwalk.benchmarks.eval_grid import GridSpec, configs
-    from sketchwalk.benchmarks.eval_items import parse_tasks
+    from sketchwalk.eval.grid import GridSpec, configs
+    from sketchwalk.eval.items import parse_tasks
 
     if args.per_depth < 1:
         raise SketchWalkError(f"--per-depth must be at least 1, got {args.per_depth}")
@@ -165,10 +165,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     spec, tasks, lengths, depths = build(args)
     from tqdm import tqdm
 
-    from sketchwalk.benchmarks import eval_report
-    from sketchwalk.benchmarks.eval_grid import run_grid
-    from sketchwalk.benchmarks.eval_items import build_items
     from sketchwalk.engine.models import load_model
+    from sketchwalk.eval import report as eval_report
+    from sketchwalk.eval.grid import run_grid
+    from sketchwalk.eval.items import build_items
     from sketchwalk.store import open_store
 
     if not args.no_store:
@@ -207,7 +207,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         generator = {"generator": {"seed": args.seed, "depths": list(depths)}}
         if args.ray is not None:
-            from sketchwalk.benchmarks.ray_grid import eval_grid_on_ray
+            from sketchwalk.eval.ray_grid import eval_grid_on_ray
 
             rows = eval_grid_on_ray(args, items, spec, eval_id, progress, extra=generator)
         else:
@@ -236,7 +236,7 @@ def _write_outputs(rows: list[dict], out: Path, eval_id: str, png: bool) -> list
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sketchwalk.benchmarks import eval_report
+    from sketchwalk.eval import report as eval_report
     from sketchwalk.store import jsonio
 
     files = []

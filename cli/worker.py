@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def standalone_name(device: str) -> str:
     """Unique per process: two workers on one host and device must never share a name, since
     recovery and release are keyed by it."""
-    from sketchwalk.app.worker import worker_name
+    from sketchwalk.worker.loop import worker_name
 
     return f"{worker_name(device, kind='worker')}/{os.getpid()}"
 
@@ -90,9 +90,9 @@ def graceful_signals(worker, grace_s: float) -> Iterator[list[int]]:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from sketchwalk.app.settings import load
-    from sketchwalk.app.worker import Worker, recover
+    from sketchwalk.settings import load
     from sketchwalk.store import open_store
+    from sketchwalk.worker.loop import Worker, recover
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch-heavy: imported where used, so the CLI parser stays fast to build
-    from sketchwalk.benchmarks.eval_grid import GridSpec
-    from sketchwalk.benchmarks.eval_items import Item
+    from sketchwalk.eval.grid import GridSpec
+    from sketchwalk.eval.items import Item
 
 ProgressFn = Callable[[int, int, str], None]  # (panels done, panels, message)
 
@@ -90,7 +90,7 @@ def run_panel(
 ) -> list[dict]:
     """One Ray task: the panel's rows (with `extra` merged into each row's extra), saved to
     `db_url` here when given. Plain module-level function, so Ray pickles it by reference."""
-    from sketchwalk.benchmarks.eval_grid import run_grid
+    from sketchwalk.eval.grid import run_grid
 
     lm = _model(model)
     rows = run_grid(lm, items, spec, eval_id)

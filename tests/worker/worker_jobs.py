@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from sketchwalk.app.worker import run_engine_job
+from sketchwalk.worker.loop import run_engine_job
 
 
 def mixed(worker, job) -> None:

@@ -19,12 +19,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from sketchwalk.errors import SketchWalkError
 
 COMMAND_MODULES = (
-    "sketchwalk.app.cmd_run",
-    "sketchwalk.app.cmd_store",
-    "sketchwalk.app.cmd_bench",
-    "sketchwalk.app.cmd_eval",
-    "sketchwalk.app.cmd_app",
-    "sketchwalk.app.cmd_worker",
+    "sketchwalk.cli.run",
+    "sketchwalk.cli.store",
+    "sketchwalk.cli.bench",
+    "sketchwalk.cli.eval",
+    "sketchwalk.cli.app",
+    "sketchwalk.cli.worker",
 )
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from sketchwalk.app.cli import main
+from sketchwalk.cli.main import main
 
 PROMPT = "Sketch and walk over blocks of tokens, layer after layer. " * 6
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
 
-ENTRY = Path(__file__).with_name("streamlit_app.py")
+# The app package is found, not imported (importing it would import Streamlit).
+ENTRY = Path(importlib.util.find_spec("sketchwalk.app").origin).with_name("streamlit_app.py")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

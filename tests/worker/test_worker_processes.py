@@ -13,10 +13,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from app_helpers import tiny_config
+from run_helpers import tiny_config
 
-from sketchwalk.app.worker import make_request
 from sketchwalk.store import open_store
+from sketchwalk.worker.loop import make_request
 
 HERE = Path(__file__).resolve().parent
 REAL_TEXT = "The quick brown fox jumps over the lazy dog. " * 8
@@ -34,7 +34,7 @@ class WorkerProc:
             SKETCHWALK_HEARTBEAT_S="0.3",
             **env,
         )
-        cmd = [sys.executable, "-m", "sketchwalk.app.cli", "worker", "--db", url]
+        cmd = [sys.executable, "-m", "sketchwalk.cli.main", "worker", "--db", url]
         cmd += ["--name", tag, "--runner", "worker_jobs:mixed", *args]
         self.name = tag
         self.proc = subprocess.Popen(cmd, stderr=self.log.open("w"), env=environ)

@@ -1,0 +1,1 @@
+"""The command line: `sketchwalk COMMAND`, one module per command (registered in main)."""

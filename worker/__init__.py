@@ -1,0 +1,1 @@
+"""The job worker: takes queued runs from the store and executes them (in-app thread or standalone)."""
