@@ -261,23 +261,20 @@ def layer_figures(
 def selection_rule(
     n: int, prompt_tokens: int, config: dict[str, Any]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(candidates [n, n], forced [n, n]) of prefill rows, in numpy, for labels and tests.
+    """(candidates [n, n], forced [n, n]) of prefill rows, from the engine's own rule
+    (engine/select.py): causal candidates; sink, window and dense-tail rows forced."""
+    import torch
 
-    Candidates are causal blocks j <= i; sink blocks (the first ceil(sink*T/b)) and the window
-    (blocks covering the last ceil(window*T) tokens up to row i's last token) are forced, and
-    dense tail rows keep everything: the rule of engine/select.py.
-    """
-    b = int(config.get("block_size", 64))
-    t = max(int(prompt_tokens), 1)
-    i = np.arange(n)
-    n_sink = math.ceil(float(config.get("sink", 0.025)) * t / b)
-    w_tok = max(1, math.ceil(float(config.get("window", 0.05)) * t))
-    row_end = np.minimum((i + 1) * b, t) - 1
-    first = np.maximum(row_end - w_tok + 1, 0) // b
-    cand = i[None, :] <= i[:, None]
-    forced = cand & ((i[None, :] < n_sink) | (i[None, :] >= first[:, None]))
-    tail = i >= n - int(config.get("dense_tail_blocks", 0))
-    return cand, forced | (cand & tail[:, None])
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.select import ForcedRule, candidate_mask, forced_mask
+
+    cfg = SketchWalkConfig.from_stored(config)
+    rows = torch.arange(n)
+    start, end = torch.zeros(1, dtype=torch.long), torch.tensor([max(int(prompt_tokens), 1)])
+    cand = candidate_mask(rows, n, start // cfg.block_size)[0]
+    forced = cand & forced_mask(rows, n, ForcedRule.of(cfg), start, end)[0]
+    tail = rows >= n - cfg.dense_tail_blocks
+    return cand.numpy(), (forced | (cand & tail[:, None])).numpy()
 
 
 def preview_selection(
@@ -288,40 +285,33 @@ def preview_selection(
 ) -> np.ndarray:
     """[n, n] bool: the blocks a prefill layer would keep at `density`, from stored scores.
 
-    Calls the engine's own `select_blocks` (sink + window + dense tail forced, then the top
-    scores up to each row's budget), so a preview can never drift from what a real run at that
-    density would select from the same scores; tests check it reproduces stored selections.
+    Calls the engine's own selection (engine.pipeline.choose_blocks with the run's config), so
+    a preview can never drift from what a real run at that density would select from the same
+    scores; tests check it reproduces stored selections. Stored scores are averaged over KV-head
+    groups, so for per-group runs the preview is one selection for the layer.
     """
     import torch
 
-    from sketchwalk.engine.select import select_blocks, selection_mask
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.pipeline import choose_blocks
+    from sketchwalk.engine.select import selection_mask
 
+    cfg = SketchWalkConfig.from_stored({**config, "density": float(density)})
     scores = np.asarray(scores, dtype=np.float32)
     n = scores.shape[-1]
-    rows = torch.arange(n)
     s = torch.from_numpy(np.nan_to_num(scores, nan=-np.inf).copy())
-    sel = select_blocks(
-        s[None, None],
-        rows,
-        int(config.get("block_size", 64)),
-        float(density),
-        torch.zeros(1, dtype=torch.long),
-        torch.tensor([int(prompt_tokens)]),
-        float(config.get("sink", 0.025)),
-        float(config.get("window", 0.05)),
-        rows >= n - int(config.get("dense_tail_blocks", 0)),
-    )
+    start, end = torch.zeros(1, dtype=torch.long), torch.tensor([int(prompt_tokens)])
+    sel = choose_blocks(cfg, s[None, None], torch.arange(n), start, end, n)
     return selection_mask(sel, n)[0, 0].numpy()
 
 
 def method_scores(hm: dict[str, Any], method: str) -> np.ndarray | None:
-    """The stored scores a method ranks blocks by (the same choice as engine.pipeline)."""
-    if method == "oracle":
-        return hm.get("exact")
-    if method == "streaming":
-        n = int(hm["n_blocks"])
-        return np.broadcast_to(np.arange(n, dtype=np.float32), (n, n)).copy()
-    return hm.get("walk")
+    """The stored scores a method ranks blocks by (the registry's preview), None where a stored
+    record cannot reproduce them (methods scoring raw queries and keys)."""
+    from sketchwalk.engine.methods import REGISTRY
+
+    spec = REGISTRY.get(method)
+    return None if spec is None or spec.preview is None else spec.preview(hm)
 
 
 def mass_recall(exact: np.ndarray | None, kept: np.ndarray) -> float | None:

@@ -14,9 +14,8 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
+from sketchwalk.cli.knobs import add_config_args, config_from_args
 from sketchwalk.errors import SketchWalkError
-
-DEFAULT_METHODS = "sketchwalk,nowalk,oracle,streaming,quest,xattention"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,7 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="smollm2", help="model id or folder (default: smollm2)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated methods")
+    p.add_argument(
+        "--methods",
+        default=None,
+        help="comma-separated methods (default: every registered sparse method)",
+    )
     p.add_argument("--densities", default="0.1,0.2,0.3,0.5", help="comma-separated targets")
     p.add_argument("--tasks", default="lm,retrieval", help="comma-separated task specs")
     p.add_argument(
@@ -47,23 +50,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="retrieval generator seed")
     p.add_argument("--max-chunks", type=int, default=None, help="at most N chunks per document")
     p.add_argument("--new-tokens", type=int, default=8, help="greedy tokens for answered items")
-    p.add_argument("--phase", default="both", choices=["prefill", "decode", "both"])
-    p.add_argument("--block-size", type=int, default=64)
-    p.add_argument(
-        "--dense-layers", default="0,1", help="comma-separated layer ids kept dense ('' for none)"
-    )
-    p.add_argument(
-        "--dense-tail-blocks", type=int, default=4, help="final query blocks kept dense in prefill"
-    )
-    p.add_argument("--sink", type=float, default=0.025, help="sink, fraction of the context")
-    p.add_argument("--window", type=float, default=0.05, help="window, fraction of the context")
-    p.add_argument("--per-group", action="store_true", help="select blocks per KV-head group")
     p.add_argument("--backend", default=None, choices=["cpu", "triton", "reference"])
     p.add_argument("--db", metavar="URL", help="store URL or DuckDB file (default: $SKETCHWALK_DB)")
     p.add_argument("--no-store", action="store_true", help="do not write the rows to the store")
     p.add_argument("--out", metavar="DIR", help="folder for table, JSON, Parquet, HTML and PNG")
     p.add_argument("--no-png", action="store_true", help="skip the PNG plots (HTML only)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    add_config_args(p, exclude=("method", "density"))
     from sketchwalk.eval.ray_grid import add_ray_argument
 
     add_ray_argument(p)  # --ray [ADDRESS]: run the grid as Ray tasks (absent: locally)
@@ -104,28 +97,21 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _methods(text: str) -> tuple[str, ...]:
-    from sketchwalk.engine.config import METHODS
+def _methods(text: str | None) -> tuple[str, ...]:
+    from sketchwalk.engine.methods import names
 
-    names = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
-    allowed = [m for m in METHODS if m != "dense"]
-    for m in names:
+    allowed = names(sparse_only=True)
+    if text is None:
+        return allowed
+    picked = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    for m in picked:
         if m == "dense":
             raise SketchWalkError("dense is the reference every row is compared with; drop it")
-        if m not in METHODS:
+        if m not in allowed:
             raise SketchWalkError(f"unknown method {m!r}; choose from {', '.join(allowed)}")
-    if not names:
+    if not picked:
         raise SketchWalkError("--methods is empty")
-    return names
-
-
-def _dense_layers(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise SketchWalkError(
-            f"--dense-layers takes comma-separated integers, got {text!r}"
-        ) from None
+    return picked
 
 
 def build(args: argparse.Namespace):
@@ -139,19 +125,15 @@ def build(args: argparse.Namespace):
         raise SketchWalkError(f"--max-chunks must be at least 1, got {args.max_chunks}")
     if args.new_tokens < 1:
         raise SketchWalkError(f"--new-tokens must be at least 1, got {args.new_tokens}")
+    base = config_from_args(args).to_dict()
+    for name in ("method", "density", "extra"):
+        base.pop(name)
     spec = GridSpec(
         methods=_methods(args.methods),
         densities=_floats(args.densities, "densities", 0.0, 1.0, lo_open=True),
-        phases=args.phase,
+        phases=base.pop("phases"),
         new_tokens=args.new_tokens,
-        base={
-            "block_size": args.block_size,
-            "dense_layers": _dense_layers(args.dense_layers),
-            "dense_tail_blocks": args.dense_tail_blocks,
-            "sink": args.sink,
-            "window": args.window,
-            "per_group": args.per_group,
-        },
+        base=base,
         kernel_backend=args.backend,
     )
     configs(spec)  # bad knobs fail here, before minutes of model work

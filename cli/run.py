@@ -7,68 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from sketchwalk.cli.knobs import add_config_args, config_from_args
 from sketchwalk.errors import SketchWalkError
-
-
-def add_config_args(p: argparse.ArgumentParser) -> None:
-    """The method knobs, shared by the commands that start runs."""
-    from sketchwalk.engine.config import METHODS, PHASES
-
-    d = _defaults()
-    p.add_argument("--method", choices=METHODS, default=d.method)
-    p.add_argument("--density", type=float, default=d.density, help="target density in (0, 1]")
-    p.add_argument("--phase", choices=PHASES, default=d.phases, help="where attention is sparse")
-    p.add_argument("--block-size", type=int, default=d.block_size)
-    p.add_argument("--sketch-dim", type=int, default=d.sketch_dim)
-    p.add_argument("--beta", type=float, default=d.beta, help="walk damping (0 = no walk)")
-    p.add_argument("--degree", type=int, default=d.degree, help="walk steps per layer")
-    p.add_argument("--tau", type=float, default=d.tau, help="sketch softmax temperature")
-    p.add_argument("--sink", type=float, default=d.sink, help="sink, fraction of the context")
-    p.add_argument(
-        "--window", type=float, default=d.window, help="local window, fraction of the context"
-    )
-    p.add_argument(
-        "--dense-layers",
-        type=str,
-        default=",".join(map(str, d.dense_layers)),
-        help="comma-separated layer ids kept dense ('' for none)",
-    )
-    p.add_argument("--dense-tail-blocks", type=int, default=d.dense_tail_blocks)
-    p.add_argument("--per-group", action="store_true", help="select blocks per KV-head group")
-    p.add_argument("--seed", type=int, default=d.seed)
-
-
-def _defaults():
-    from sketchwalk.engine.config import SketchWalkConfig
-
-    return SketchWalkConfig()
-
-
-def config_from_args(args: argparse.Namespace):
-    from sketchwalk.engine.config import ConfigError, SketchWalkConfig
-
-    try:
-        dense_layers = tuple(int(x) for x in args.dense_layers.split(",") if x.strip())
-    except ValueError:
-        raise ConfigError(
-            f"--dense-layers must be comma-separated integers, got {args.dense_layers!r}"
-        ) from None
-    return SketchWalkConfig(
-        block_size=args.block_size,
-        sketch_dim=args.sketch_dim,
-        tau=args.tau,
-        beta=args.beta,
-        degree=args.degree,
-        density=args.density,
-        sink=args.sink,
-        window=args.window,
-        dense_layers=dense_layers,
-        dense_tail_blocks=args.dense_tail_blocks,
-        phases=args.phase,
-        method=args.method,
-        per_group=args.per_group,
-        seed=args.seed,
-    )
 
 
 def read_prompt(args: argparse.Namespace) -> str:

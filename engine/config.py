@@ -1,15 +1,20 @@
-"""The knobs of one Sketch&Walk run, validated once so every later stage can trust them."""
+"""The knobs of one Sketch&Walk run: declared once, validated once.
+
+Every field of `SketchWalkConfig` carries a `Knob` (help, group, range or choices). The command
+line flags (`sketchwalk run`, `eval`) and the New run page's widgets are generated from these
+declarations, so a new knob is one field here plus its test. Presets are plain data next to it.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 from sketchwalk.errors import SketchWalkError
 
-METHODS = ("sketchwalk", "nowalk", "oracle", "streaming", "quest", "xattention", "dense")
 PHASES = ("prefill", "decode", "both")
+BUDGETS = ("layer", "row")
 
 
 class ConfigError(SketchWalkError):
@@ -17,29 +22,154 @@ class ConfigError(SketchWalkError):
 
 
 @dataclass(frozen=True)
-class SketchWalkConfig:
-    """Defaults are the published ones (shared/SKETCHWALK.md), with density 0.2.
+class Knob:
+    """How a config field is shown and checked: what it means, where it sits, what it accepts.
 
-    sink and window are fractions of the context length; dense_layers lists layer indices that
-    always run dense attention; dense_tail_blocks is how many final query blocks stay dense in
-    prefill. per_group selects blocks per KV-head group instead of once per layer.
+    lo/hi bound numbers (lo_open: lo itself is refused); choices list the allowed strings
+    (a callable returning them when the list lives elsewhere, e.g. the method registry).
     """
 
-    block_size: int = 64
-    sketch_dim: int = 128
-    tau: float = 1.0
-    beta: float = 0.25
-    degree: int = 3
-    density: float = 0.2
-    sink: float = 0.025
-    window: float = 0.05
-    query_window: int = 32
-    dense_layers: tuple[int, ...] = (0, 1)
-    dense_tail_blocks: int = 4
-    phases: str = "both"
-    method: str = "sketchwalk"
-    per_group: bool = False
-    seed: int = 0
+    help: str
+    group: str = "advanced"  # "basic" knobs are shown up front, "advanced" ones folded
+    label: str = ""
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    choices: tuple[str, ...] | Any = ()
+    power_of_two: bool = False
+    flag: str = ""  # the CLI flag when it differs from the field name (--phase for phases)
+
+    def allowed(self) -> tuple[str, ...]:
+        return tuple(self.choices()) if callable(self.choices) else tuple(self.choices)
+
+
+def knob(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with its Knob declaration in the metadata."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("mutable defaults need a factory")
+    return field(default=default, metadata={"knob": Knob(help=help, **kw)})
+
+
+def _method_names() -> tuple[str, ...]:
+    from .methods import names
+
+    return names()
+
+
+@dataclass(frozen=True)
+class SketchWalkConfig:
+    """One run's knobs. Defaults are this project's measured best (see docs/quality.md);
+    `preset("paper")` gives the published configuration."""
+
+    method: str = knob(
+        "sketchwalk",
+        "how blocks are scored (see docs/method.md)",
+        group="basic",
+        label="Method",
+        choices=_method_names,
+    )
+    density: float = knob(
+        0.2,
+        "target density: kept causal block pairs / all causal pairs, sparse layers",
+        group="basic",
+        label="Target density",
+        lo=0.0,
+        hi=1.0,
+        lo_open=True,
+    )
+    phases: str = knob(
+        "both",
+        "where attention is sparse",
+        group="basic",
+        label="Sparse in",
+        choices=PHASES,
+        flag="phase",
+    )
+    block_size: int = knob(
+        32,
+        "tokens per block (a power of two)",
+        label="Block size",
+        lo=1,
+        hi=4096,
+        power_of_two=True,
+    )
+    per_group: bool = knob(
+        True,
+        "select blocks per KV-head group (False: one selection per layer)",
+        label="Per KV-head group",
+    )
+    budget: str = knob(
+        "layer",
+        "how the density budget is spread: 'layer' gives the non-forced budget to the "
+        "highest scores anywhere in the layer (rows keep different counts); 'row' keeps the "
+        "same rate in every row",
+        label="Budget",
+        choices=BUDGETS,
+    )
+    sink: float = knob(
+        0.0,
+        "sink: the first blocks covering this fraction of the context are always kept",
+        label="Sink (fraction of context)",
+        lo=0.0,
+        hi=1.0,
+    )
+    sink_blocks: int = knob(
+        1,
+        "at least this many first blocks are always kept (a floor under sink)",
+        label="Sink blocks (floor)",
+        lo=0,
+        hi=1 << 20,
+    )
+    window: float = knob(
+        0.0,
+        "local window: blocks covering this fraction of the context before each query "
+        "block are always kept",
+        label="Window (fraction of context)",
+        lo=0.0,
+        hi=1.0,
+    )
+    window_blocks: int = knob(
+        1,
+        "at least this many blocks before the diagonal block are always kept",
+        label="Window blocks (floor)",
+        lo=0,
+        hi=1 << 20,
+    )
+    dense_tail_blocks: int = knob(
+        0,
+        "the last query blocks of a prefill that stay dense",
+        label="Dense tail blocks",
+        lo=0,
+        hi=1 << 20,
+    )
+    dense_layers: tuple[int, ...] = knob(
+        (0, 1),
+        "layer ids that always run dense (comma-separated; '' for none)",
+        label="Dense layers",
+    )
+    sketch_dim: int = knob(
+        128, "kept coordinates r of the Hadamard sketch", label="Sketch dim r", lo=1, hi=1 << 16
+    )
+    tau: float = knob(
+        1.0,
+        "temperature of the block softmax",
+        label="Temperature τ",
+        lo=0.0,
+        hi=1e6,
+        lo_open=True,
+    )
+    beta: float = knob(0.25, "walk damping (0 = no walk)", label="Walk damping β", lo=0.0, hi=1.0)
+    degree: int = knob(3, "walk steps per layer", label="Walk degree", lo=1, hi=64)
+    query_window: int = knob(
+        32,
+        "decode: recent queries whose sketches estimate the current row",
+        label="Decode query window",
+        lo=1,
+        hi=1 << 16,
+    )
+    seed: int = knob(
+        0, "seed of the sketch's random signs and coordinates", label="Seed", lo=0, hi=2**31 - 1
+    )
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -47,44 +177,31 @@ class SketchWalkConfig:
         self.validate()
 
     def validate(self) -> None:
-        b = self.block_size
-        if not isinstance(b, int) or b < 1 or b & (b - 1):
-            raise ConfigError(f"block size must be a positive power of two, got {b}")
-        if self.sketch_dim < 1:
-            raise ConfigError(f"sketch dim must be at least 1, got {self.sketch_dim}")
-        if not (0.0 < self.density <= 1.0) or math.isnan(self.density):
-            raise ConfigError(f"density must be in (0, 1], got {self.density}")
-        if not (0.0 <= self.beta <= 1.0):
-            raise ConfigError(f"beta (walk damping) must be in [0, 1], got {self.beta}")
-        if self.degree < 1:
-            raise ConfigError(f"walk degree must be at least 1, got {self.degree}")
-        if not (self.tau > 0.0):
-            raise ConfigError(f"tau (temperature) must be positive, got {self.tau}")
-        for name in ("sink", "window"):
-            v = getattr(self, name)
-            if not (0.0 <= v <= 1.0):
-                raise ConfigError(f"{name} must be a fraction of the context in [0, 1], got {v}")
-        if self.query_window < 1:
-            raise ConfigError(f"query window must be at least 1, got {self.query_window}")
-        if self.dense_tail_blocks < 0:
-            raise ConfigError(f"dense tail blocks must be >= 0, got {self.dense_tail_blocks}")
-        if any(x < 0 for x in self.dense_layers):
-            raise ConfigError(f"dense layers must be non-negative indices, got {self.dense_layers}")
-        if self.phases not in PHASES:
-            raise ConfigError(f"phase must be one of {', '.join(PHASES)}, got {self.phases!r}")
-        if self.method not in METHODS:
-            raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+        """Check every knob against its declaration; one line per problem, the first raised."""
+        for f, k in knobs():
+            check_value(f.name, k, getattr(self, f.name), f.type)
+
+    @property
+    def method_spec(self):
+        """The registry entry of this config's method (engine/methods)."""
+        from .methods import get
+
+        return get(self.method)
 
     @property
     def effective_beta(self) -> float:
-        """nowalk is Sketch&Walk with the walk switched off (the per-layer baseline)."""
-        return 0.0 if self.method == "nowalk" else self.beta
+        """Methods that switch the walk off (nowalk: the per-layer baseline) read beta as 0."""
+        return self.beta if self.method_spec.walks else 0.0
 
     def sparse_in(self, phase: str) -> bool:
         return self.method != "dense" and self.phases in (phase, "both")
 
     def is_dense_layer(self, layer: int) -> bool:
         return self.method == "dense" or layer in self.dense_layers
+
+    def groups(self, n_kv_heads: int) -> int:
+        """Selection groups per layer: one per KV head, or one for the whole layer."""
+        return n_kv_heads if self.per_group else 1
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -99,5 +216,81 @@ class SketchWalkConfig:
             raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
         return cls(**d)
 
+    @classmethod
+    def from_stored(cls, d: dict[str, Any]) -> SketchWalkConfig:
+        """A config saved by any version: knobs added since then take the value that reproduces
+        what that version did (LEGACY), not today's default."""
+        return cls.from_dict({**LEGACY, **{k: v for k, v in d.items() if k != "extra"}})
+
     def with_(self, **changes: Any) -> SketchWalkConfig:
         return replace(self, **changes)
+
+
+def knobs() -> list[tuple[Any, Knob]]:
+    """(dataclass field, Knob) for every declared knob, in declaration order."""
+    return [(f, f.metadata["knob"]) for f in fields(SketchWalkConfig) if "knob" in f.metadata]
+
+
+def default_of(f: Any) -> Any:
+    return f.default if f.default is not MISSING else f.default_factory()
+
+
+def check_value(name: str, k: Knob, value: Any, type_name: Any) -> None:
+    """Raise ConfigError (one line) when `value` breaks the knob's declaration."""
+    what = name.replace("_", " ")
+    t = str(type_name)
+    if t == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{what} must be true or false, got {value!r}")
+        return
+    if t == "str":
+        allowed = k.allowed()
+        if allowed and value not in allowed:
+            raise ConfigError(f"{what} must be one of {', '.join(allowed)}, got {value!r}")
+        return
+    if t.startswith("tuple"):
+        if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in value):
+            raise ConfigError(f"{what} must be non-negative integers, got {list(value)}")
+        return
+    numeric = (int,) if t == "int" else (int, float)
+    if isinstance(value, bool) or not isinstance(value, numeric):
+        kind = "an integer" if t == "int" else "a number"
+        raise ConfigError(f"{what} must be {kind}, got {value!r}")
+    if isinstance(value, float) and math.isnan(value):
+        raise ConfigError(f"{what} must be a number, got nan")
+    if k.power_of_two and (value < 1 or value & (value - 1)):
+        raise ConfigError(f"{what} must be a positive power of two, got {value}")
+    if k.lo is not None and (value <= k.lo if k.lo_open else value < k.lo):
+        raise ConfigError(f"{what} must be {'>' if k.lo_open else '>='} {k.lo:g}, got {value}")
+    if k.hi is not None and value > k.hi:
+        raise ConfigError(f"{what} must be <= {k.hi:g}, got {value}")
+
+
+# Knobs added after runs were first stored, with the value that reproduces the older behaviour.
+LEGACY: dict[str, Any] = {"budget": "row", "sink_blocks": 0, "window_blocks": 0}
+
+# ---- presets: data next to the declaration ----------------------------------------------------
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # This project's measured best at 20% density on the default model (docs/quality.md).
+    "default": {},
+    # The published configuration (the paper's README defaults), with our explicit density.
+    "paper": {
+        "block_size": 64,
+        "per_group": False,
+        "budget": "row",
+        "sink": 0.025,
+        "sink_blocks": 0,
+        "window": 0.05,
+        "window_blocks": 0,
+        "dense_tail_blocks": 4,
+        "dense_layers": (0, 1),
+    },
+}
+
+
+def preset(name: str, **overrides: Any) -> SketchWalkConfig:
+    """A named preset with some knobs changed; an unknown name is a one-line error."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    return SketchWalkConfig(**{**PRESETS[name], **overrides})

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .baselines import BASELINES, baseline_scores
 from .blockstats import exact_block_mass
 from .config import SketchWalkConfig
-from .select import BlockSelection, select_blocks
+from .methods import ScoreInputs
+from .select import BlockSelection, ForcedRule, select_blocks
 from .sketch import (
     SRHT,
     aggregate_heads,
@@ -96,38 +96,37 @@ def transition(
     return aggregate_heads(probs, cfg.per_group)
 
 
-def method_scores(
+def method_scores(cfg: SketchWalkConfig, x: ScoreInputs) -> torch.Tensor:
+    """The scores the config's method ranks blocks by (higher = keep), from the registry."""
+    scores = cfg.method_spec.score(x)
+    if tuple(scores.shape) != tuple(x.shape):
+        raise ValueError(f"{cfg.method} scores have shape {tuple(scores.shape)}, not {x.shape}")
+    return scores
+
+
+def choose_blocks(
     cfg: SketchWalkConfig,
-    a: torch.Tensor | None,
-    w: torch.Tensor | None,
-    exact: torch.Tensor | None,
-    shape: tuple[int, ...],
-    device: torch.device,
-    q: torch.Tensor | None = None,
-    k: torch.Tensor | None = None,
-    valid: torch.Tensor | None = None,
-    scale: float | None = None,
-) -> torch.Tensor:
-    """The scores each method ranks blocks by (higher = keep).
-
-    q, k (all keys), valid [B, Lk] and scale are only read by the baselines that score blocks
-    from the raw queries and keys (engine/baselines.py: quest, xattention).
-    """
-    if cfg.method in BASELINES:
-        return baseline_scores(cfg.method, q, k, valid, scale, cfg.block_size, shape)
-    if cfg.method == "oracle":
-        return exact
-    if cfg.method == "streaming":  # StreamingLLM (Xiao et al. 2023): sink + most recent blocks
-        return torch.arange(shape[-1], device=device, dtype=torch.float32).expand(shape)
-    return w
-
-
-def needs_exact(cfg: SketchWalkConfig) -> bool:
-    return cfg.method == "oracle"
-
-
-def groups_of(cfg: SketchWalkConfig, n_kv_heads: int) -> int:
-    return n_kv_heads if cfg.per_group else 1
+    scores: torch.Tensor,
+    rows: torch.Tensor,
+    start: torch.Tensor,
+    end: torch.Tensor,
+    n_blocks: int,
+    real_rows: torch.Tensor | None = None,
+    tail: bool = True,
+) -> BlockSelection:
+    """The config's selection rule over scores [B, G, R, n] for query-block rows `rows`."""
+    dense_rows = rows >= n_blocks - cfg.dense_tail_blocks if tail else None
+    return select_blocks(
+        scores,
+        rows,
+        ForcedRule.of(cfg),
+        cfg.density,
+        start,
+        end,
+        dense_rows,
+        real_rows,
+        cfg.budget,
+    )
 
 
 def prefill_plan(
@@ -155,20 +154,17 @@ def prefill_plan(
     sk = timer.run("sketch", lambda: sketch_blocks(q, k, srht, b, valid))
     a = timer.run("sketch", lambda: transition(sk, rows, d, cfg))
     exact = None
-    if want_exact or (select and needs_exact(cfg)):
-        exact = exact_block_mass(q, k, scale, b, valid, groups_of(cfg, k.shape[1]))
+    if want_exact or (select and cfg.method_spec.needs_exact):
+        exact = exact_block_mass(q, k, scale, b, valid, cfg.groups(k.shape[1]))
     if not select:
         return Plan(a, None, None, sk, exact, timer.ms)
     w = timer.run("walk", lambda: walk(a, prev_walk, cfg.effective_beta, cfg.degree))
     start, end = key_span(valid)
     real_rows = sk.q_count > 0
-    dense_rows = rows >= n - cfg.dense_tail_blocks
 
     def choose() -> BlockSelection:
-        scores = method_scores(cfg, a, w, exact, a.shape, q.device, q, k, valid, scale)
-        return select_blocks(
-            scores, rows, b, cfg.density, start, end, cfg.sink, cfg.window, dense_rows, real_rows
-        )
+        x = ScoreInputs(a.shape, q.device, rows, b, a, w, exact, q, k, valid, scale)
+        return choose_blocks(cfg, method_scores(cfg, x), rows, start, end, n, real_rows)
 
     sel = timer.run("select", choose)
     return Plan(a, w, sel, sk, exact, timer.ms)
@@ -219,9 +215,6 @@ def _grow_state(st: DecodeLayerState, n: int) -> None:
             _grow(sk.k_sum, (2,), n),
             _grow(sk.k_count, (1,), n),
         )
-
-
-CHUNK_METHODS = ("sketchwalk", "nowalk", "streaming")  # scores from the sketch state alone
 
 
 def chunk_step(
@@ -276,20 +269,8 @@ def chunk_step(
     start, end = key_span(key_valid)
 
     def choose() -> BlockSelection:
-        scores = method_scores(cfg, a_rows, w_rows, None, a_rows.shape, q.device)
-        dense_rows = rows >= n - cfg.dense_tail_blocks
-        return select_blocks(
-            scores,
-            rows,
-            b,
-            cfg.density,
-            start,
-            end,
-            cfg.sink,
-            cfg.window,
-            dense_rows,
-            real_rows,
-        )
+        x = ScoreInputs(a_rows.shape, q.device, rows, b, a_rows, w_rows)
+        return choose_blocks(cfg, method_scores(cfg, x), rows, start, end, n, real_rows)
 
     sel = timer.run("select", choose)
     return Plan(a_rows, w_rows, sel, None, None, timer.ms)
@@ -343,9 +324,9 @@ def decode_step(
     start, end = key_span(key_valid)
 
     def choose() -> BlockSelection:
-        scores = method_scores(cfg, r, s, exact, s.shape, q.device, q, keys, key_valid, scale)
         rows = torch.tensor([cur], device=q.device)
-        return select_blocks(scores, rows, b, cfg.density, start, end, cfg.sink, cfg.window)
+        x = ScoreInputs(s.shape, q.device, rows, b, r, s, exact, q, keys, key_valid, scale)
+        return choose_blocks(cfg, method_scores(cfg, x), rows, start, end, n, tail=False)
 
     sel = timer.run("select", choose)
     return Plan(r, s, sel, None, exact, timer.ms)

@@ -1,9 +1,14 @@
 """Select: the key blocks each query block keeps, to a density budget, as sorted index lists.
 
-Per row i the candidates are causal key blocks holding real tokens. Sink blocks and the local
-window are always kept; each row keeps max(forced, ceil(density * candidates)) blocks, the rest of
-the budget going to the highest scores. The achieved density therefore tracks the target closely
-and is reported, never assumed.
+Per row i the candidates are causal key blocks holding real tokens. Sink blocks, the local window
+and dense-tail rows are always kept ("forced"). The rest of the budget, density x all candidate
+pairs, is spread one of two ways:
+- budget "layer": to the highest scores anywhere in the layer (per selection group), so rows keep
+  different counts and the budget goes where the estimated attention is. Needs scores that
+  compare across rows (row-normalised block masses do).
+- budget "row": one rate for every row, each row keeping max(forced, ceil(rate * candidates)),
+  with the rate calibrated so the total lands on the target.
+Either way the achieved density is reported, never assumed.
 """
 
 from __future__ import annotations
@@ -27,6 +32,25 @@ class BlockSelection:
         return self.kept / max(self.candidates, 1)
 
 
+@dataclass(frozen=True)
+class ForcedRule:
+    """Which blocks are kept whatever the scores: sink, local window, dense tail rows.
+
+    sink/window are fractions of the sequence's real length; sink_blocks/window_blocks are
+    floors in blocks (the window floor counts blocks before the diagonal, which is always kept).
+    """
+
+    block_size: int
+    sink: float = 0.0
+    sink_blocks: int = 0
+    window: float = 0.0
+    window_blocks: int = 0
+
+    @classmethod
+    def of(cls, cfg) -> ForcedRule:
+        return cls(cfg.block_size, cfg.sink, cfg.sink_blocks, cfg.window, cfg.window_blocks)
+
+
 def candidate_mask(
     q_blocks: torch.Tensor, n_kblocks: int, start_block: torch.Tensor
 ) -> torch.Tensor:
@@ -39,26 +63,28 @@ def candidate_mask(
 def forced_mask(
     q_blocks: torch.Tensor,
     n_kblocks: int,
-    block_size: int,
+    rule: ForcedRule,
     seq_start: torch.Tensor,
     seq_end: torch.Tensor,
-    sink: float,
-    window: float,
 ) -> torch.Tensor:
-    """[B, nq, nk]: sink blocks (first ceil(sink*T/b) real blocks) and the window blocks.
+    """[B, nq, nk]: sink blocks and window blocks (callers intersect with the candidates).
 
-    The window covers the last ceil(window*T) tokens up to and including each row block's last
-    token (at least the diagonal block). T is the real length of each sequence, seq_start/seq_end [B] its span.
+    Sink: the first max(sink_blocks, ceil(sink*T/b)) real blocks. Window: the blocks covering the
+    last ceil(window*T) tokens up to each row block's last token, and at least window_blocks
+    blocks before the diagonal (the diagonal block itself is always kept). T is each sequence's
+    real length, seq_start/seq_end [B] its span.
     """
     device = q_blocks.device
+    b = rule.block_size
     length = (seq_end - seq_start).clamp(min=1).float()  # [B]
-    start_block = seq_start // block_size
-    n_sink = torch.ceil(sink * length / block_size).long()
-    w_tok = torch.ceil(window * length).long().clamp(min=1)
+    start_block = seq_start // b
+    n_sink = torch.ceil(rule.sink * length / b).long().clamp(min=rule.sink_blocks)
+    w_tok = torch.ceil(rule.window * length).long().clamp(min=1)
     j = torch.arange(n_kblocks, device=device)
     sink_m = j[None, None, :] < (start_block + n_sink)[:, None, None]
-    row_end = torch.minimum((q_blocks[None, :] + 1) * block_size, seq_end[:, None]) - 1  # [B, nq]
-    first = (row_end - w_tok[:, None] + 1).clamp(min=0) // block_size
+    row_end = torch.minimum((q_blocks[None, :] + 1) * b, seq_end[:, None]) - 1  # [B, nq]
+    first = (row_end - w_tok[:, None] + 1).clamp(min=0) // b
+    first = torch.minimum(first, q_blocks[None, :] - rule.window_blocks)
     win_m = j[None, None, :] >= first[:, :, None]
     return sink_m | win_m
 
@@ -66,50 +92,97 @@ def forced_mask(
 def select_blocks(
     scores: torch.Tensor,
     q_blocks: torch.Tensor,
-    block_size: int,
+    rule: ForcedRule,
     density: float,
     seq_start: torch.Tensor,
     seq_end: torch.Tensor,
-    sink: float,
-    window: float,
     dense_rows: torch.Tensor | None = None,
     real_rows: torch.Tensor | None = None,
-    calibrate: bool = True,
+    budget: str = "row",
 ) -> BlockSelection:
-    """Top blocks per row of scores [B, G, nq, nk] (higher = keep) to the density budget.
+    """Top blocks of scores [B, G, nq, nk] (higher = keep) to the density budget.
 
     dense_rows [nq] bool: rows that keep every candidate (the dense tail). real_rows [B, nq] bool:
-    rows that hold real queries, the only ones counted in the density. calibrate: lower the
-    per-row rate so forced blocks count inside the budget and the whole selection lands on the
-    target density (see row_budget); otherwise every row keeps max(forced, ceil(density * cand)).
+    rows that hold real queries, the only ones counted in the density. budget: "layer" or "row"
+    (module docstring); with a single row both are the same.
     """
     bsz, groups, nq, nk = scores.shape
-    start_block = seq_start // block_size
+    start_block = seq_start // rule.block_size
     cand = candidate_mask(q_blocks, nk, start_block)  # [B, nq, nk]
-    forced = cand & forced_mask(q_blocks, nk, block_size, seq_start, seq_end, sink, window)
+    forced = cand & forced_mask(q_blocks, nk, rule, seq_start, seq_end)
     if dense_rows is not None:
         forced = forced | (cand & dense_rows[None, :, None])
-    n_cand = cand.sum(-1)  # [B, nq]
-    n_forced = forced.sum(-1)
-    rows = (
-        torch.ones(bsz, nq, dtype=torch.bool, device=scores.device)
-        if real_rows is None
-        else real_rows
-    )
-    budget = row_budget(n_cand, n_forced, rows, density, calibrate)
+    rows = torch.ones(bsz, nq, dtype=torch.bool, device=scores.device)
+    if real_rows is not None:
+        rows = real_rows
+    cand = cand & rows[:, :, None]  # rows without real queries keep only what is forced
+    if budget == "layer" and nq > 1:
+        keep = layer_budget_keep(scores, cand, forced, density)
+    else:
+        keep = row_budget_keep(scores, cand, forced, rows, density)
+    keep = keep | forced[:, None]  # padding rows still get their forced blocks
+    return selection_from_mask(keep, cand, rows)
+
+
+def selection_from_mask(
+    keep: torch.Tensor, cand: torch.Tensor, rows: torch.Tensor
+) -> BlockSelection:
+    """Index lists from a kept mask [B, G, nq, nk]; density counted over real rows' candidates."""
+    bsz, groups, nq, nk = keep.shape
+    count = keep.sum(-1)  # [B, G, nq]
+    kmax = max(int(count.max().item()) if count.numel() else 1, 1)
+    j = torch.arange(nk, device=keep.device, dtype=torch.int32)
+    index = torch.where(keep, j, torch.full_like(j, nk)).sort(dim=-1).values[..., :kmax]
+    live = torch.arange(kmax, device=keep.device) < count[..., None]
+    index = torch.where(live, index, index[..., :1].clamp(max=max(nk - 1, 0)))
+    real = keep & cand[:, None]
+    kept = int(real.sum().item())
+    total = int((cand.sum(-1) * rows).sum().item()) * groups
+    return BlockSelection(index.to(torch.int32), count.to(torch.int32).contiguous(), kept, total)
+
+
+def layer_budget_keep(
+    scores: torch.Tensor, cand: torch.Tensor, forced: torch.Tensor, density: float
+) -> torch.Tensor:
+    """[B, G, nq, nk] kept: forced blocks, then the highest scores anywhere in the layer until
+    density x candidate pairs are kept (per batch element and group). Where forced blocks alone
+    exceed the target, only they are kept."""
+    bsz, groups, nq, nk = scores.shape
+    free = cand & ~forced  # [B, nq, nk]
+    target = torch.floor(density * cand.sum((1, 2)).double() + 1e-9).long()  # [B], never over
+    room = (target - forced.sum((1, 2))).clamp(min=0)  # [B]
+    room = torch.minimum(room, free.sum((1, 2)))
+    kmax = int(room.max().item()) if room.numel() else 0
+    keep = torch.zeros(bsz, groups, nq * nk, dtype=torch.bool, device=scores.device)
+    if kmax > 0:
+        inf = torch.tensor(float("-inf"), device=scores.device)
+        ranked = torch.where(free[:, None], scores.float(), inf).view(bsz, groups, nq * nk)
+        top = ranked.topk(kmax, dim=-1, sorted=True).indices  # best first
+        live = torch.arange(kmax, device=scores.device)[None, None, :] < room[:, None, None]
+        keep.scatter_(-1, top, live.expand(bsz, groups, kmax))
+    return keep.view(bsz, groups, nq, nk) & free[:, None]
+
+
+def row_budget_keep(
+    scores: torch.Tensor,
+    cand: torch.Tensor,
+    forced: torch.Tensor,
+    rows: torch.Tensor,
+    density: float,
+) -> torch.Tensor:
+    """[B, G, nq, nk] kept with one calibrated per-row rate (see row_budget)."""
+    bsz, groups, nq, nk = scores.shape
+    n_cand, n_forced = cand.sum(-1), forced.sum(-1)
+    budget = row_budget(n_cand, n_forced, rows, density)  # [B, nq]
     inf = torch.tensor(float("inf"), device=scores.device, dtype=torch.float32)
     ranked = torch.where(cand[:, None], scores.float(), -inf)
     ranked = torch.where(forced[:, None], inf, ranked)
     kmax = max(int(budget.max().item()), 1)
-    top = ranked.topk(kmax, dim=-1, sorted=True).indices  # best first
-    count = budget[:, None, :].expand(bsz, groups, nq)
-    pos = torch.arange(kmax, device=scores.device)
-    live = pos < count[..., None]
-    index = torch.where(live, top, torch.full_like(top, nk)).sort(dim=-1).values
-    index = torch.where(live, index, index[..., :1].clamp(max=max(nk - 1, 0)))
-    kept = int((budget * rows).sum().item()) * groups
-    total = int((n_cand * rows).sum().item()) * groups
-    return BlockSelection(index.to(torch.int32), count.to(torch.int32).contiguous(), kept, total)
+    top = ranked.topk(min(kmax, nk), dim=-1, sorted=True).indices
+    live = torch.arange(top.shape[-1], device=scores.device) < budget[:, None, :, None]
+    keep = torch.zeros(bsz, groups, nq, nk, dtype=torch.bool, device=scores.device)
+    keep.scatter_(-1, top, live.expand_as(top))
+    return keep & (cand | forced)[:, None]
 
 
 def selection_mask(sel: BlockSelection, n_kblocks: int) -> torch.Tensor:
@@ -128,19 +201,17 @@ def row_budget(
     n_forced: torch.Tensor,
     rows: torch.Tensor,
     density: float,
-    calibrate: bool,
     iters: int = 24,
 ) -> torch.Tensor:
     """Blocks each row keeps, [B, nq].
 
     The plain rule max(forced, ceil(density * cand)) overshoots: sink, window and dense-tail blocks
-    come on top wherever they exceed the row's share (0.25 achieved for 0.2 asked at 16k tokens).
-    Calibrated, a bisection finds the largest rate <= density whose total stays within
-    density * all candidate pairs, so forced blocks are paid for by the other rows. Where forced
-    blocks alone exceed the target, only they are kept (the achieved density says so).
+    come on top wherever they exceed the row's share. A bisection finds the largest rate <= density
+    whose total stays within density * all candidate pairs, so forced blocks are paid for by the
+    other rows. Where forced blocks alone exceed the target, only they are kept.
     """
     full = torch.full((n_cand.shape[0],), float(density), device=n_cand.device)
-    if not calibrate or density >= 1.0 or n_cand.shape[1] == 1:  # one row: the rules coincide
+    if density >= 1.0 or n_cand.shape[1] == 1:  # one row: the rules coincide
         return _budget_at(full, n_cand, n_forced)
     target = density * (n_cand * rows).sum(-1).double()
     lo, hi = torch.zeros_like(full), full.clone()

@@ -22,13 +22,10 @@ from .blockstats import exact_block_mass
 from .config import SketchWalkConfig
 from .dense import dense_attention, key_validity
 from .pipeline import (
-    CHUNK_METHODS,
     DecodeLayerState,
     Plan,
     chunk_step,
     decode_step,
-    groups_of,
-    needs_exact,
     prefill_plan,
     start_decode,
 )
@@ -151,7 +148,7 @@ class Session:
         cfg = self.cfg
         lq, lk = q.shape[2], k.shape[2]
         sparse = cfg.sparse_in("prefill") and not cfg.is_dense_layer(layer)
-        if sparse and cfg.method not in CHUNK_METHODS:
+        if sparse and not cfg.method_spec.chunks:
             warnings.warn(
                 f"sketch_walk: {cfg.method} runs dense on queries after a cache", stacklevel=2
             )
@@ -175,10 +172,8 @@ class Session:
         cfg = self.cfg
         st = self.decode_states[layer]
         exact = None
-        if needs_exact(cfg):
-            exact = exact_block_mass(
-                q, k, scale, cfg.block_size, key_valid, groups_of(cfg, k.shape[1])
-            )
+        if cfg.method_spec.needs_exact:
+            exact = exact_block_mass(q, k, scale, cfg.block_size, key_valid, cfg.groups(k.shape[1]))
         srht = self.srht(layer, q.shape[-1], q.device)
         plan = decode_step(
             st, q, k[:, :, -1:], k.shape[2], cfg, srht, key_valid, exact, keys=k, scale=scale

@@ -5,31 +5,19 @@ from __future__ import annotations
 import streamlit as st
 
 from sketchwalk import settings
-from sketchwalk.app import prompts, widgets
-from sketchwalk.engine.config import METHODS, PHASES, ConfigError, SketchWalkConfig
+from sketchwalk.app import knob_widgets, prompts, widgets
+from sketchwalk.engine.config import PRESETS, ConfigError
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.worker.loop import make_request
 
 store = widgets.setup("New run")
 limits = settings.load()
-defaults = SketchWalkConfig()
 INITIAL = {
     "nr_prompt": "",
     "nr_model": "smollm2",
-    "nr_method": defaults.method,
-    "nr_phase": defaults.phases,
-    "nr_density": defaults.density,
-    "nr_block_size": defaults.block_size,
-    "nr_sketch_dim": defaults.sketch_dim,
-    "nr_tau": defaults.tau,
-    "nr_beta": defaults.beta,
-    "nr_degree": defaults.degree,
-    "nr_seed": defaults.seed,
-    "nr_sink": defaults.sink,
-    "nr_window": defaults.window,
-    "nr_dense_layers": ",".join(map(str, defaults.dense_layers)),
-    "nr_dense_tail": defaults.dense_tail_blocks,
+    "nr_preset": "default",
     "nr_max_new": min(32, limits.max_new_tokens),
+    **knob_widgets.initial_state("default"),
 }
 for _key, _value in INITIAL.items():  # defaults via session state: kept across page switches
     st.session_state.setdefault(_key, _value)
@@ -56,7 +44,13 @@ with left:
         "Model", key="nr_model", help="smollm2 (default), a Hugging Face id, or a local folder"
     )
 with right:
-    method = st.selectbox("Method", METHODS, key="nr_method")
+    st.selectbox(
+        "Preset",
+        tuple(PRESETS),
+        key="nr_preset",
+        on_change=knob_widgets.apply_preset,
+        help="default: this project's measured best; paper: the published configuration",
+    )
 
 errors: list[str] = []
 notes: list[str] = []
@@ -72,31 +66,9 @@ if info is not None:
     limit = min(info.max_context, limits.max_prompt_tokens)
     st.caption(f"{n_tokens} tokens · limit {limit} tokens for {widgets.short_model(info.model_id)}")
 
-c1, c2 = st.columns(2)
-with c1:
-    phase = st.radio("Sparse in", PHASES, horizontal=True, key="nr_phase")
-with c2:
-    density = st.slider("Target density", 0.01, 1.0, step=0.01, key="nr_density")
-
+values = knob_widgets.render("basic", columns=3)
 with st.expander("Advanced"):
-    a1, a2, a3 = st.columns(3)
-    with a1:
-        block_size = st.selectbox("Block size", [16, 32, 64, 128, 256], key="nr_block_size")
-        sketch_dim = st.number_input("Sketch dim r", 1, 4096, key="nr_sketch_dim")
-        tau = st.number_input("Temperature τ", 0.0, 100.0, step=0.1, key="nr_tau")
-    with a2:
-        beta = st.number_input("Walk damping β (0 = no walk)", 0.0, 1.0, step=0.05, key="nr_beta")
-        degree = st.number_input("Walk degree", 1, 64, key="nr_degree")
-        seed = st.number_input("Seed", 0, 2**31 - 1, key="nr_seed")
-    with a3:
-        sink = st.number_input(
-            "Sink (fraction of context)", 0.0, 1.0, step=0.005, format="%.3f", key="nr_sink"
-        )
-        window = st.number_input(
-            "Window (fraction of context)", 0.0, 1.0, step=0.01, key="nr_window"
-        )
-        dense_layers = st.text_input("Dense layers", key="nr_dense_layers")
-        dense_tail = st.number_input("Dense tail blocks", 0, 1024, key="nr_dense_tail")
+    values.update(knob_widgets.render("advanced", columns=3))
     max_new = st.number_input(
         f"Max new tokens (limit {limits.max_new_tokens})",
         0,
@@ -106,29 +78,9 @@ with st.expander("Advanced"):
 
 cfg = None
 try:
-    layers = tuple(int(x) for x in dense_layers.replace(" ", "").split(",") if x)
-except ValueError:
-    errors.append(f"Dense layers must be comma-separated integers, got {dense_layers!r}")
-    layers = None
-if layers is not None:
-    try:
-        cfg = SketchWalkConfig(
-            block_size=int(block_size),
-            sketch_dim=int(sketch_dim),
-            tau=float(tau),
-            beta=float(beta),
-            degree=int(degree),
-            density=float(density),
-            sink=float(sink),
-            window=float(window),
-            dense_layers=layers,
-            dense_tail_blocks=int(dense_tail),
-            phases=phase,
-            method=method,
-            seed=int(seed),
-        )
-    except ConfigError as exc:
-        errors.append(str(exc))
+    cfg = knob_widgets.to_config(values)
+except ConfigError as exc:
+    errors.append(str(exc))
 
 if n_tokens is not None and info is not None:
     limit = min(info.max_context, limits.max_prompt_tokens)

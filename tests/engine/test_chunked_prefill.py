@@ -72,10 +72,14 @@ def test_sparse_chunks_keep_their_budget_and_match_a_full_sparse_prefill():
 
 def test_each_chunk_walks_its_own_rows_with_dense_first_layers():
     """Default dense layers (0, 1): the chunk walk restarts at layer 0 even though layer 0 never
-    reaches the chunk path, so the second chunk does not read the first chunk's rows."""
+    reaches the chunk path, so the second chunk does not read the first chunk's rows. A per-row
+    budget, because a layer budget is spread over the rows a call holds (a chunk's rows then
+    depend on which other rows share its call)."""
     model = tiny_llama(layers=4)
     ids = torch.randint(1, 128, (1, 200))
-    cfg = SketchWalkConfig(density=0.4, block_size=16, dense_layers=(0, 1), dense_tail_blocks=0)
+    cfg = SketchWalkConfig(
+        density=0.4, block_size=16, dense_layers=(0, 1), dense_tail_blocks=0, budget="row"
+    )
     model.set_attn_implementation("sketch_walk")
     with sketch_walk_session(cfg) as s:
         two = chunked_logits(model, ids, [70, 140])

@@ -1,14 +1,37 @@
 import pytest
 
-from sketchwalk.engine.config import ConfigError, SketchWalkConfig
+from sketchwalk.engine.config import LEGACY, PRESETS, ConfigError, SketchWalkConfig, knobs, preset
 from sketchwalk.errors import SketchWalkError
 
 
-def test_defaults_are_the_published_ones():
-    c = SketchWalkConfig()
+def test_the_paper_preset_is_the_published_configuration():
+    c = preset("paper")
     assert (c.block_size, c.sketch_dim, c.degree, c.query_window) == (64, 128, 3, 32)
     assert (c.beta, c.sink, c.window, c.density) == (0.25, 0.025, 0.05, 0.2)
     assert c.dense_layers == (0, 1) and c.dense_tail_blocks == 4
+    assert (c.per_group, c.budget, c.sink_blocks, c.window_blocks) == (False, "row", 0, 0)
+    assert preset("paper", density=0.3).density == 0.3
+    assert preset("default") == SketchWalkConfig()
+
+
+def test_every_knob_is_declared_with_help_and_presets_name_only_knobs():
+    declared = {f.name for f, _ in knobs()}
+    assert declared == {f for f in SketchWalkConfig.__dataclass_fields__ if f != "extra"}
+    assert all(k.help and k.group in ("basic", "advanced") for _, k in knobs())
+    for values in PRESETS.values():
+        assert set(values) <= declared
+    assert set(LEGACY) <= declared
+    with pytest.raises(ConfigError, match="unknown preset"):
+        preset("fast")
+
+
+def test_stored_configs_of_older_versions_keep_their_behaviour():
+    old = preset("paper").to_dict()
+    for name in LEGACY:
+        old.pop(name)
+    c = SketchWalkConfig.from_stored(old)
+    assert (c.budget, c.sink_blocks, c.window_blocks) == ("row", 0, 0)
+    assert SketchWalkConfig.from_stored(SketchWalkConfig().to_dict()) == SketchWalkConfig()
 
 
 @pytest.mark.parametrize(
@@ -27,6 +50,10 @@ def test_defaults_are_the_published_ones():
         ({"method": "magic"}, "method"),
         ({"phases": "train"}, "phase"),
         ({"dense_layers": (-1,)}, "dense layers"),
+        ({"budget": "global"}, "budget"),
+        ({"sink_blocks": -1}, "sink blocks"),
+        ({"per_group": "yes"}, "per group"),
+        ({"block_size": 2.0}, "block size"),
     ],
 )
 def test_bad_knobs_give_one_line_errors(kw, words):
@@ -40,5 +67,6 @@ def test_round_trip_dict_and_nowalk_switch():
     c = SketchWalkConfig(method="nowalk", dense_layers=[3], density=0.3)
     assert SketchWalkConfig.from_dict(c.to_dict()) == c
     assert c.effective_beta == 0.0 and SketchWalkConfig().effective_beta == 0.25
+    assert SketchWalkConfig.from_dict(SketchWalkConfig(per_group=False).to_dict()).groups(3) == 1
     with pytest.raises(ConfigError):
         SketchWalkConfig.from_dict({"densty": 0.1})

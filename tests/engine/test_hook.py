@@ -105,6 +105,8 @@ def test_oracle_recalls_more_mass_than_streaming():
             method=method,
             sink=0.0,
             window=0.0,
+            sink_blocks=0,
+            window_blocks=0,
         )
         rec = Recorder()
         logits(model, ids, "sketch_walk", cfg, rec)
@@ -120,10 +122,17 @@ def test_per_group_selection_gives_each_kv_group_its_own_lists():
     q, k = torch.randn(1, 4, 320, 16), torch.randn(1, 2, 320, 16)
     q[:, 2:] *= -1  # the two KV groups want different blocks
     base = dict(
-        density=0.3, block_size=16, dense_layers=(), dense_tail_blocks=0, sink=0.0, window=0.0
+        density=0.3,
+        block_size=16,
+        dense_layers=(),
+        dense_tail_blocks=0,
+        sink=0.0,
+        window=0.0,
+        sink_blocks=0,
+        window_blocks=0,
     )
     srht = make_srht(16, 16, 0, 0)
-    shared = prefill_plan(q, k, SketchWalkConfig(**base), srht).selection
+    shared = prefill_plan(q, k, SketchWalkConfig(**base, per_group=False), srht).selection
     grouped = prefill_plan(q, k, SketchWalkConfig(**base, per_group=True), srht).selection
     assert shared.block_index.shape[1] == 1 and grouped.block_index.shape[1] == 2
     assert not torch.equal(grouped.block_index[:, 0], grouped.block_index[:, 1])

@@ -1,18 +1,18 @@
-"""Quest and XAttention block scoring: the math, the density budget, causality, lossless at 1.0."""
+"""The method registry and the peer methods' scoring (Quest, XAttention): the math, the density
+budget, causality, lossless at density 1."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sketchwalk.engine.baselines import (
-    baseline_scores,
-    key_block_bounds,
-    quest_bound,
+from sketchwalk.engine.config import SketchWalkConfig, preset
+from sketchwalk.engine.methods import REGISTRY, ScoreInputs, get, names
+from sketchwalk.engine.methods.quest import key_block_bounds, quest_bound
+from sketchwalk.engine.methods.xattention import (
     xattention_decode_scores,
     xattention_prefill_scores,
 )
-from sketchwalk.engine.config import METHODS, SketchWalkConfig
 from sketchwalk.engine.models import load_model
 from sketchwalk.engine.pipeline import prefill_plan
 from sketchwalk.engine.runner import RunOptions, run
@@ -20,6 +20,13 @@ from sketchwalk.engine.select import selection_mask
 from sketchwalk.engine.sketch import make_srht
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
+
+
+def baseline_scores(method, q, k, valid, scale, block_size, shape):
+    """A method's scores through the registry, as the pipeline asks for them."""
+    rows = torch.arange(shape[2]) + (k.shape[2] - 1) // block_size + 1 - shape[2]
+    x = ScoreInputs(shape, q.device, rows, block_size, q=q, k=k, valid=valid, scale=scale)
+    return get(method).score(x)
 
 
 def qk(t: int = 512, h: int = 4, hkv: int = 2, d: int = 16, seed: int = 0):
@@ -88,7 +95,7 @@ def test_scores_find_a_far_block_that_matches_the_queries(method):
     )
     q = 0.5 * q + 3.0 * u  # queries share a direction; one key block points along it
     k[0, :, 5 * 64 : 6 * 64] = 16.0 * u
-    cfg = SketchWalkConfig(method=method, density=0.2, sink=0.0, window=0.0, dense_tail_blocks=0)
+    cfg = preset("paper", method=method, density=0.2, sink=0.0, window=0.0, dense_tail_blocks=0)
     plan = prefill_plan(q, k, cfg, make_srht(16, 128, 0, 2))
     mask = selection_mask(plan.selection, 16)[0, 0]
     assert mask[-4:, 5].all()
@@ -100,7 +107,7 @@ def test_selection_keeps_the_density_budget_and_causality(method, density):
     """Same budget as Sketch&Walk (published sink/window), on the target when nothing is forced."""
     q, k = qk(t=64 * 40, h=4, hkv=2, d=16)
     srht = make_srht(16, 128, 0, 2)
-    cfg = SketchWalkConfig(method=method, density=density)
+    cfg = preset("paper", method=method, density=density)
     sel = prefill_plan(q, k, cfg, srht).selection
     ours = prefill_plan(q, k, cfg.with_(method="sketchwalk"), srht).selection
     assert sel.kept == ours.kept and sel.candidates == ours.candidates
@@ -130,7 +137,7 @@ def test_tiny_model_runs_both_phases_near_the_target(tiny, method):
     assert m["kl_mean"] > 0  # sparse really ran
 
 
-@pytest.mark.parametrize("method", [m for m in METHODS if m != "dense"])
+@pytest.mark.parametrize("method", names(sparse_only=True))
 def test_every_method_at_density_one_equals_dense(tiny, method):
     cfg = SketchWalkConfig(
         block_size=16, density=1.0, dense_tail_blocks=0, dense_layers=(), method=method
@@ -139,3 +146,30 @@ def test_every_method_at_density_one_equals_dense(tiny, method):
     assert res.metrics["kl_mean"] < 1e-6 and res.metrics["top1_agreement"] == 1.0
     assert res.metrics["density_achieved"] == 1.0 and res.metrics["density_decode"] == 1.0
     assert res.dense_text == res.sparse_text
+
+
+def test_registry_declares_every_method_once_with_what_it_needs():
+    assert names() == tuple(REGISTRY) and "dense" in names() and "dense" not in names(True)
+    assert REGISTRY["oracle"].needs_exact and not REGISTRY["sketchwalk"].needs_exact
+    assert {m for m in names(True) if REGISTRY[m].needs_qk} == {"quest", "xattention"}
+    assert {m for m in names() if REGISTRY[m].chunks} == {"sketchwalk", "nowalk", "streaming"}
+    assert SketchWalkConfig(method="nowalk").effective_beta == 0.0
+    assert SketchWalkConfig(method="sketchwalk", beta=0.3).effective_beta == 0.3
+
+
+def test_streaming_scores_rank_recent_blocks_first_and_compare_across_rows():
+    rows = torch.tensor([3, 7])
+    x = ScoreInputs((1, 1, 2, 8), torch.device("cpu"), rows, 16)
+    s = get("streaming").score(x)[0, 0]
+    assert s[0, 3] > s[0, 2] > s[0, 0] and s[1, 7] > s[1, 6]
+    assert s[0, 3] == s[1, 7]  # the diagonal scores the same in every row
+
+
+def test_previews_come_from_the_stored_record_where_it_can_reproduce_them():
+    import numpy as np
+
+    rec = {"sketch": np.eye(3), "walk": np.ones((3, 3)), "exact": np.zeros((3, 3)), "n_blocks": 3}
+    assert np.array_equal(REGISTRY["sketchwalk"].preview(rec), rec["walk"])
+    assert np.array_equal(REGISTRY["nowalk"].preview(rec), rec["sketch"])
+    assert np.array_equal(REGISTRY["oracle"].preview(rec), rec["exact"])
+    assert REGISTRY["quest"].preview is None and REGISTRY["xattention"].preview is None

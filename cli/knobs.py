@@ -1,0 +1,87 @@
+"""Command-line flags generated from the knob declarations (engine/config.py).
+
+Every flag defaults to "not given", so a preset (`--preset paper`) supplies the base and only the
+flags a person typed change it. A new knob in SketchWalkConfig shows up here by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def flag_name(name: str, flag: str = "") -> str:
+    return "--" + (flag or name).replace("_", "-")
+
+
+def add_config_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """--preset and one flag per declared knob (except `exclude`), grouped like the app."""
+    from sketchwalk.engine.config import PRESETS, default_of, knobs
+
+    p.add_argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        default="default",
+        help="start from a preset: default (measured best) or paper (the published knobs)",
+    )
+    groups = {
+        "basic": p.add_argument_group("method"),
+        "advanced": p.add_argument_group("advanced method knobs (defaults: the preset's)"),
+    }
+    for f, k in knobs():
+        if f.name in exclude:
+            continue
+        g = groups[k.group]
+        flag = flag_name(f.name, k.flag)
+        t = str(f.type)
+        help_text = f"{k.help} (default: {_show(default_of(f))})"
+        if t == "bool":
+            g.add_argument(
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                help=help_text,
+            )  # fmt: skip
+        elif t == "str":
+            g.add_argument(flag, dest=f.name, choices=k.allowed(), default=None, help=help_text)
+        elif t.startswith("tuple"):
+            g.add_argument(flag, dest=f.name, default=None, metavar="IDS", help=help_text)
+        else:
+            kind = int if t == "int" else float
+            g.add_argument(flag, dest=f.name, type=kind, default=None, help=help_text)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "none"
+    return str(value)
+
+
+def parse_ids(text: str, what: str) -> tuple[int, ...]:
+    """'0,1' -> (0, 1); '' -> (); anything else is a one-line error."""
+    from sketchwalk.engine.config import ConfigError
+
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The knobs a person gave on the command line (not the preset's)."""
+    from sketchwalk.engine.config import knobs
+
+    out: dict[str, Any] = {}
+    for f, k in knobs():
+        value = getattr(args, f.name, None)
+        if value is None:
+            continue
+        if str(f.type).startswith("tuple"):
+            value = parse_ids(value, flag_name(f.name, k.flag))
+        out[f.name] = value
+    return out
+
+
+def config_from_args(args: argparse.Namespace, **fixed: Any):
+    """The validated config: the preset, then the flags given, then `fixed` (one-line errors)."""
+    from sketchwalk.engine.config import preset
+
+    return preset(args.preset, **{**config_overrides(args), **fixed})
