@@ -42,6 +42,9 @@ def _widget(f, k) -> Any:
         return st.selectbox(label, k.allowed(), key=key, help=k.help)
     if t.startswith("tuple"):
         return st.text_input(label, key=key, help=k.help)
+    if k.power_of_two:
+        options = sorted({8, 16, 32, 64, 128, 256, 512, int(st.session_state.get(key, 64))})
+        return st.selectbox(label, options, key=key, help=k.help)
     if f.name == "density":
         return st.slider(label, 0.01, 1.0, step=0.01, key=key, help=k.help)
     if t == "int":

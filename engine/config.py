@@ -15,6 +15,7 @@ from sketchwalk.errors import SketchWalkError
 
 PHASES = ("prefill", "decode", "both")
 BUDGETS = ("layer", "row")
+ESTIMATORS = ("mean", "query")
 
 
 class ConfigError(SketchWalkError):
@@ -150,6 +151,14 @@ class SketchWalkConfig:
     sketch_dim: int = knob(
         128, "kept coordinates r of the Hadamard sketch", label="Sketch dim r", lo=1, hi=1 << 16
     )
+    estimator: str = knob(
+        "mean",
+        "block estimate: 'mean' scores block-mean queries against block-mean keys (the "
+        "paper); 'query' scores every sketched query against each key block's mean and "
+        "variance, then averages per query block",
+        label="Estimator",
+        choices=ESTIMATORS,
+    )
     tau: float = knob(
         1.0,
         "temperature of the block softmax",
@@ -267,7 +276,12 @@ def check_value(name: str, k: Knob, value: Any, type_name: Any) -> None:
 
 
 # Knobs added after runs were first stored, with the value that reproduces the older behaviour.
-LEGACY: dict[str, Any] = {"budget": "row", "sink_blocks": 0, "window_blocks": 0}
+LEGACY: dict[str, Any] = {
+    "budget": "row",
+    "sink_blocks": 0,
+    "window_blocks": 0,
+    "estimator": "mean",
+}
 
 # ---- presets: data next to the declaration ----------------------------------------------------
 
@@ -279,6 +293,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "block_size": 64,
         "per_group": False,
         "budget": "row",
+        "estimator": "mean",
         "sink": 0.025,
         "sink_blocks": 0,
         "window": 0.05,

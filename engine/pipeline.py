@@ -23,6 +23,9 @@ from .sketch import (
     block_means,
     block_pool,
     causal_block_softmax,
+    key_summary,
+    token_block_logits,
+    token_block_mass,
 )
 from .walk import walk, walk_row, walk_rows
 
@@ -53,6 +56,7 @@ class SketchedBlocks:
     q_count: torch.Tensor  # [B, n]
     k_sum: torch.Tensor  # [B, Hkv, n, r]
     k_count: torch.Tensor  # [B, n]
+    k_sq: torch.Tensor | None = None  # [B, Hkv, n, r] sums of squared sketched keys ("query")
 
 
 @dataclass
@@ -76,19 +80,54 @@ def key_span(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return start, end
 
 
+@dataclass
+class QueryTokens:
+    """Sketched queries [B, H, L, r] at positions offset .. offset + L - 1, for the token-query
+    estimator; valid [B, L] marks real ones."""
+
+    qs: torch.Tensor
+    valid: torch.Tensor
+    offset: int = 0
+
+
 def sketch_blocks(
-    q: torch.Tensor, k: torch.Tensor, srht: SRHT, block_size: int, valid: torch.Tensor
-) -> SketchedBlocks:
-    """Pool q, k [B, H(kv), T, d] per block over real tokens, then sketch the sums (linear)."""
-    q_sum, q_count = block_pool(q, block_size, valid)
-    k_sum, k_count = block_pool(k, block_size, valid)
-    return SketchedBlocks(srht(q_sum), q_count, srht(k_sum), k_count)
+    q: torch.Tensor,
+    k: torch.Tensor,
+    srht: SRHT,
+    block_size: int,
+    valid: torch.Tensor,
+    tokens: bool = False,
+) -> tuple[SketchedBlocks, QueryTokens | None]:
+    """Pool q, k [B, H(kv), T, d] per block over real tokens, then sketch the sums (the sketch is
+    linear). tokens: also keep every sketched query and the squared sketched keys (the
+    token-query estimator)."""
+    if not tokens:
+        q_sum, q_count = block_pool(q, block_size, valid)
+        k_sum, k_count = block_pool(k, block_size, valid)
+        return SketchedBlocks(srht(q_sum), q_count, srht(k_sum), k_count), None
+    qs, ks = srht(q), srht(k)
+    q_sum, q_count = block_pool(qs, block_size, valid)
+    k_sum, k_count = block_pool(ks, block_size, valid)
+    k_sq, _ = block_pool(ks * ks, block_size, valid)
+    return SketchedBlocks(q_sum, q_count, k_sum, k_count, k_sq), QueryTokens(qs, valid)
 
 
 def transition(
-    sk: SketchedBlocks, q_blocks: torch.Tensor, dim: int, cfg: SketchWalkConfig
+    sk: SketchedBlocks,
+    q_blocks: torch.Tensor,
+    dim: int,
+    cfg: SketchWalkConfig,
+    tokens: QueryTokens | None = None,
 ) -> torch.Tensor:
-    """A [B, G, rows, n] for the query blocks q_blocks from sketched block sums."""
+    """A [B, G, rows, n] for the query blocks q_blocks from sketched block sums (or, with the
+    token-query estimator and the rows' sketched queries, from every query)."""
+    if tokens is not None and cfg.estimator == "query":
+        km, kvar = key_summary(sk.k_sum, sk.k_sq, sk.k_count)
+        probs = token_block_mass(
+            tokens.qs, tokens.valid, tokens.offset, km, kvar, sk.k_count, cfg.block_size, dim,
+            cfg.tau,
+        )  # fmt: skip
+        return aggregate_heads(probs, cfg.per_group)
     qm = block_means(sk.q_sum[:, :, q_blocks], sk.q_count[:, q_blocks])
     km = block_means(sk.k_sum, sk.k_count)
     logits = block_logits(qm, km, dim, cfg.tau)
@@ -151,8 +190,9 @@ def prefill_plan(
     scale = d**-0.5 if scale is None else scale
     timer = StageTimer(q.device)
     rows = torch.arange(n, device=q.device)
-    sk = timer.run("sketch", lambda: sketch_blocks(q, k, srht, b, valid))
-    a = timer.run("sketch", lambda: transition(sk, rows, d, cfg))
+    tokens = cfg.estimator == "query"
+    sk, qt = timer.run("sketch", lambda: sketch_blocks(q, k, srht, b, valid, tokens))
+    a = timer.run("sketch", lambda: transition(sk, rows, d, cfg, qt))
     exact = None
     if want_exact or (select and cfg.method_spec.needs_exact):
         exact = exact_block_mass(q, k, scale, b, valid, cfg.groups(k.shape[1]))
@@ -214,6 +254,7 @@ def _grow_state(st: DecodeLayerState, n: int) -> None:
             _grow(sk.q_count, (1,), n),
             _grow(sk.k_sum, (2,), n),
             _grow(sk.k_count, (1,), n),
+            None if sk.k_sq is None else _grow(sk.k_sq, (2,), n),
         )
 
 
@@ -251,12 +292,17 @@ def chunk_step(
         sk = st.sketched
         qs = srht(q)  # sketch then pool: the sketch is linear
         q_sum, q_count = block_pool(qs, b, new_valid, offset=t0 % b)  # blocks j0 .. n-1
-        k_sum, k_count = block_pool(srht(k_new), b, new_valid, offset=t0 % b)
+        ks = srht(k_new)
+        k_sum, k_count = block_pool(ks, b, new_valid, offset=t0 % b)
         sk.q_sum[:, :, j0:] += q_sum
         sk.k_sum[:, :, j0:] += k_sum
         sk.q_count[:, j0:] += q_count
         sk.k_count[:, j0:] += k_count
-        a_rows = transition(sk, rows, d, cfg)  # [B, G, R, n]
+        if sk.k_sq is not None:
+            sk.k_sq[:, :, j0:] += block_pool(ks * ks, b, new_valid, offset=t0 % b)[0]
+        # the token estimator sees the chunk's own queries of its first block (earlier ones of
+        # that block came with the previous chunk and are not kept)
+        a_rows = transition(sk, rows, d, cfg, QueryTokens(qs, new_valid, t0))  # [B, G, R, n]
         st.a[:, :, rows] = a_rows
         st.window = torch.cat([st.window, qs], dim=2)[:, :, -cfg.query_window :]
         return a_rows, q_count > 0  # rows holding the chunk's real queries
@@ -309,11 +355,17 @@ def decode_step(
         sk.k_sum[:, :, cur] += ks[:, :, 0] * new_valid[:, None, None]
         sk.q_count[:, cur] += new_valid
         sk.k_count[:, cur] += new_valid
+        if sk.k_sq is not None:
+            sk.k_sq[:, :, cur] += ks[:, :, 0] ** 2 * new_valid[:, None, None]
         row = transition(sk, torch.tensor([cur], device=q.device), d, cfg)  # running-average row
         st.a[:, :, cur, :] = row[:, :, 0, :]
         st.window = torch.cat([st.window, qs], dim=2)[:, :, -cfg.query_window :]
-        km = block_means(sk.k_sum, sk.k_count)
-        logits = block_logits(st.window, km, d, cfg.tau)  # [B,Hkv,Gh,w,n]
+        if cfg.estimator == "query":
+            km, kvar = key_summary(sk.k_sum, sk.k_sq, sk.k_count)
+            logits = token_block_logits(st.window, km, kvar, sk.k_count, d, cfg.tau)
+        else:
+            km = block_means(sk.k_sum, sk.k_count)
+            logits = block_logits(st.window, km, d, cfg.tau)  # [B,Hkv,Gh,w,n]
         rows_cur = torch.full((st.window.shape[2],), cur, device=q.device)
         probs = causal_block_softmax(logits, sk.k_count > 0, rows_cur)
         return aggregate_heads(probs.sum(3, keepdim=True), cfg.per_group)  # [B,G,1,n]

@@ -146,3 +146,85 @@ def aggregate_heads(probs: torch.Tensor, per_group: bool) -> torch.Tensor:
     agg = probs.sum(dim=2) if per_group else probs.sum(dim=(1, 2)).unsqueeze(1)
     total = agg.sum(dim=-1, keepdim=True)
     return torch.where(total > 0, agg / total.clamp(min=1e-30), agg)
+
+
+# ---- the token-query estimator -------------------------------------------------------------
+# A block's attention mass is a log-sum-exp over its token pairs, dominated by its largest
+# scores; pooling the queries of a block washes out the queries that each look somewhere else
+# (copying and induction heads). This estimator keeps every sketched query and summarises each
+# key block by its mean and per-coordinate variance: for scores s = c q.k with k ~ N(mean, var),
+# log sum_k exp(s) ~ log count + c q.mean + c^2/2 sum_d q_d^2 var_d. Each query's softmax over
+# key blocks is averaged over the queries of its block. Cost: L x n x r per head, 1/b of QK^T.
+
+
+def key_summary(
+    k_sum: torch.Tensor, k_sq: torch.Tensor | None, k_count: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per key block: mean [B, Hkv, n, r] and per-coordinate variance (None without squares)."""
+    km = block_means(k_sum, k_count)
+    if k_sq is None:
+        return km, None
+    return km, (block_means(k_sq, k_count) - km * km).clamp(min=0.0)
+
+
+def token_block_logits(
+    qs: torch.Tensor,
+    km: torch.Tensor,
+    kvar: torch.Tensor | None,
+    k_count: torch.Tensor,
+    dim: int,
+    tau: float,
+) -> torch.Tensor:
+    """Log-sum-exp estimates [B, Hkv, G, L, n] of each sketched query qs [B, H, L, r] over the
+    keys of each block (mean + half the variance + log of the block's real key count)."""
+    c = dim**-0.5 / tau
+    qg = group_queries(qs, km.shape[1])
+    logits = (qg @ km.unsqueeze(2).transpose(-1, -2)) * c
+    if kvar is not None:
+        logits = logits + (qg * qg) @ kvar.unsqueeze(2).transpose(-1, -2) * (0.5 * c * c)
+    log_count = k_count.clamp(min=1.0).log()  # [B, n]
+    return logits + log_count.view(log_count.shape[0], 1, 1, 1, -1)
+
+
+def token_block_mass(
+    qs: torch.Tensor,
+    q_valid: torch.Tensor,
+    offset: int,
+    km: torch.Tensor,
+    kvar: torch.Tensor | None,
+    k_count: torch.Tensor,
+    block_size: int,
+    dim: int,
+    tau: float,
+    chunk_elems: int = 1 << 23,
+) -> torch.Tensor:
+    """Estimated block mass [B, Hkv, G, R, n] for the query blocks covering positions
+    offset .. offset + L - 1 of qs [B, H, L, r] (q_valid [B, L] real queries).
+
+    Each query sees the key blocks before its own and, in its own block, only the keys up to
+    itself (the log-count of the diagonal block is that of the visible keys). Query chunks keep
+    the [L, n] logits bounded."""
+    bsz, h, length, r = qs.shape
+    b = block_size
+    n = km.shape[2]
+    j0 = offset // b
+    rows = -(-(offset + length) // b) - j0
+    out = torch.zeros(bsz, km.shape[1], h // km.shape[1], rows, n, device=qs.device)
+    has = k_count > 0
+    step = max(1, chunk_elems // max(h * n * bsz, 1))
+    for s in range(0, length, step):  # sums per block, so chunks need not align to blocks
+        e = min(length, s + step)
+        pos = torch.arange(offset + s, offset + e, device=qs.device)
+        blk = pos // b
+        logits = token_block_logits(qs[:, :, s:e], km, kvar, k_count, dim, tau)
+        # own block: only the keys up to the query are visible
+        seen = (pos % b + 1).float()[None, :].minimum(k_count[:, blk])  # [B, c]
+        fix = seen.clamp(min=1.0).log() - k_count[:, blk].clamp(min=1.0).log()
+        idx = blk.view(1, 1, 1, -1, 1).expand(*logits.shape[:4], 1)
+        logits.scatter_add_(-1, idx, fix.view(bsz, 1, 1, -1, 1).expand_as(idx))
+        probs = causal_block_softmax(logits, has, blk) * q_valid[:, None, None, s:e, None]
+        out.index_add_(3, blk - j0, probs)
+    q_count = torch.zeros(bsz, rows, device=qs.device)
+    q_count.index_add_(1, torch.arange(offset, offset + length, device=qs.device) // b - j0,
+                       q_valid.float())  # fmt: skip
+    return out / q_count.clamp(min=1.0)[:, None, None, :, None]

@@ -59,7 +59,7 @@ def test_new_run_validates_submits_and_shows_the_finished_job(fresh_db, tiny_mod
     at.text_area(key="nr_prompt").input("   ").run()
     assert any("The prompt is empty" in e.value for e in at.error)
     at.text_area(key="nr_prompt").input("hello there").run()
-    assert any("Block size 64 is larger than the prompt" in e.value for e in at.error)
+    assert any("Block size 32 is larger than the prompt" in e.value for e in at.error)
     at.text_area(key="nr_prompt").input(prompts.license_text()[:900]).run()
     at.text_input(key="nr_dense_layers").input("0,x").run()
     assert any("Dense layers must be comma-separated integers" in e.value for e in at.error)
@@ -67,6 +67,19 @@ def test_new_run_validates_submits_and_shows_the_finished_job(fresh_db, tiny_mod
     assert any("dense layers must be non-negative" in e.value for e in at.error)
     assert at.button(key="btn_run").disabled
     at.text_input(key="nr_dense_layers").input("0").run()
+    # every declared knob has a widget, the per-group switch and the query window included
+    from sketchwalk.engine.config import knobs
+
+    assert all(f"nr_{f.name}" in at.session_state for f, _ in knobs())
+    assert at.checkbox(key="nr_per_group").value is True
+    at.number_input(key="nr_query_window").set_value(16).run()
+    at.selectbox(key="nr_preset").select("paper").run()  # a preset sets every knob at once
+    assert at.selectbox(key="nr_block_size").value == 64
+    assert at.checkbox(key="nr_per_group").value is False
+    assert at.number_input(key="nr_dense_tail_blocks").value == 4
+    at.selectbox(key="nr_preset").select("default").run()
+    at.text_input(key="nr_dense_layers").input("0").run()
+    at.number_input(key="nr_query_window").set_value(16).run()
     at.selectbox(key="nr_block_size").select(16).run()
     at.slider(key="nr_density").set_value(0.35).run()
     at.number_input(key="nr_max_new").set_value(3).run()
@@ -79,6 +92,7 @@ def test_new_run_validates_submits_and_shows_the_finished_job(fresh_db, tiny_mod
     req = jobs[0].request
     assert req["config"]["density"] == 0.35 and req["config"]["dense_layers"] == [0]
     assert req["model"] == tiny_model and req["max_new_tokens"] == 3
+    assert req["config"]["query_window"] == 16 and req["config"]["per_group"] is True
     assert "queued" in at.get("progress")[0].proto.text
 
     Worker(store, models=models).drain()

@@ -97,3 +97,54 @@ def test_causal_block_softmax_masks_before_normalising():
     p = causal_block_softmax(logits, torch.ones(1, 4, dtype=torch.bool), torch.arange(4))
     assert torch.allclose(p[0, 0, 0, 0], torch.tensor([1.0, 0, 0, 0]))
     assert torch.allclose(p[0, 0, 0, 1], torch.tensor([0.5, 0.5, 0, 0]))
+
+
+@pytest.mark.parametrize("t,b,offset_pad", [(96, 16, 0), (100, 32, 0), (77, 8, 5)])
+def test_token_estimator_is_exact_when_every_block_holds_one_repeated_key(t, b, offset_pad):
+    """Keys repeated inside each block have zero variance, so each query's log-sum-exp over a
+    block is exactly log(visible keys) + q . k: the token estimator must equal the exact mass
+    (causal diagonal, partial last block and left padding included)."""
+    from sketchwalk.engine.blockstats import exact_block_mass
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.pipeline import sketch_blocks, transition
+
+    g = torch.Generator().manual_seed(t)
+    n = -(-t // b)
+    q = torch.randn(1, 4, t, 16, generator=g)
+    kb = torch.randn(1, 2, n, 16, generator=g)
+    k = kb.repeat_interleave(b, dim=2)[:, :, :t].contiguous()
+    valid = torch.ones(1, t, dtype=torch.bool)
+    valid[0, :offset_pad] = False
+    srht = make_srht(16, 16, 0, 3)  # r = m: the sketch is an exact rotation
+    cfg = SketchWalkConfig(block_size=b, estimator="query", per_group=True)
+    sk, tokens = sketch_blocks(q, k, srht, b, valid, tokens=True)
+    est = transition(sk, torch.arange(n), 16, cfg, tokens)
+    exact = exact_block_mass(q, k, 16**-0.5, b, valid, groups=2)
+    assert torch.allclose(est, exact, atol=1e-5)
+
+
+def test_token_estimator_sees_a_key_block_that_each_query_finds_alone():
+    """Copy-head pattern: each query of the last block matches a different key of block 2; the
+    block-mean query matches none of them, the token estimator ranks block 2 first."""
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.pipeline import sketch_blocks, transition
+
+    g = torch.Generator().manual_seed(0)
+    b, n, d = 16, 6, 32
+    k = torch.randn(1, 1, n * b, d, generator=g) * 0.3
+    q = torch.randn(1, 1, n * b, d, generator=g) * 0.3
+    basis = torch.linalg.qr(torch.randn(d, d, generator=g))[0][:b]  # orthonormal rows
+    dirs = (basis - basis.mean(0)) * 6  # zero mean: the block means carry nothing of it
+    k[0, 0, 2 * b : 3 * b] = dirs
+    q[0, 0, 5 * b : 6 * b] = dirs  # query t of block 5 matches key t of block 2 only
+    valid = torch.ones(1, n * b, dtype=torch.bool)
+    srht = make_srht(d, d, 0, 0)
+    rows = torch.arange(n)
+    est = {}
+    for estimator in ("query", "mean"):
+        cfg = SketchWalkConfig(block_size=b, estimator=estimator, per_group=True)
+        sk, tokens = sketch_blocks(q, k, srht, b, valid, tokens=estimator == "query")
+        est[estimator] = transition(sk, rows, d, cfg, tokens)[0, 0, 5]
+    others = [0, 1, 3, 4]
+    assert est["query"][2] > 1.5 * est["query"][others].max()
+    assert est["mean"][2] < 1.2 * est["mean"][others].max()
