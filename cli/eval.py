@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR", help="folder for table, JSON, Parquet, HTML and PNG")
     p.add_argument("--no-png", action="store_true", help="skip the PNG plots (HTML only)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
-    add_config_args(p, exclude=("method", "density"))
+    add_config_args(p, exclude=("method", "density", "seed"))  # --seed: the task generator
     from sketchwalk.eval.ray_grid import add_ray_argument
 
     add_ray_argument(p)  # --ray [ADDRESS]: run the grid as Ray tasks (absent: locally)

@@ -75,3 +75,26 @@ def test_bad_input_is_one_line_and_writes_nothing(argv, words, tiny_model_dir, t
 
         with open_store(str(db)) as store:
             assert len(store.list_runs()) == 0
+
+
+def test_every_knob_has_a_flag_and_presets_are_the_base(capsys):
+    """The flags are generated from the knob declarations: a new knob needs no CLI edit."""
+    import argparse
+
+    from sketchwalk.cli.knobs import add_config_args, config_from_args
+    from sketchwalk.engine.config import knobs, preset
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = capsys.readouterr().out
+    for f, k in knobs():
+        assert "--" + (k.flag or f.name).replace("_", "-") in help_text
+    assert "--per-group" in help_text and "--query-window" in help_text
+
+    p = argparse.ArgumentParser()
+    add_config_args(p)
+    assert config_from_args(p.parse_args([])) == preset("default")
+    paper = config_from_args(p.parse_args(["--preset", "paper", "--density", "0.3"]))
+    assert paper == preset("paper", density=0.3)
+    cfg = config_from_args(p.parse_args(["--no-per-group", "--dense-layers", "", "--beta", "0"]))
+    assert (cfg.per_group, cfg.dense_layers, cfg.beta) == (False, (), 0.0)

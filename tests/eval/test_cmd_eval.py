@@ -22,7 +22,7 @@ def test_grid_completes_and_writes_the_expected_rows(tiny_model_dir, tmp_path, c
         "eval", "--model", str(tiny_model_dir), "--methods", "sketchwalk,quest",
         "--densities", "0.3,1.0", "--tasks", f"lm,retrieval:passkey,file:{qa}",
         "--lengths", "256", "--max-chunks", "1", "--depths", "0.5", "--block-size", "16",
-        "--dense-layers", "0", "--new-tokens", "3", "--window", "0", "--dense-tail-blocks", "0", "--db", str(db), "--out", str(out),
+        "--dense-layers", "0", "--new-tokens", "3", "--window", "0", "--dense-tail-blocks", "0", "--sink-blocks", "0", "--window-blocks", "0", "--db", str(db), "--out", str(out),
         "--no-png", "--json",
     ]  # fmt: skip
     assert main(argv) == 0

@@ -180,7 +180,7 @@ def test_eval_cli_with_ray_stores_the_same_cells_as_locally(ray_local, tiny_mode
     common = [
         "eval", "--model", str(tiny_model_dir), "--methods", "sketchwalk", "--densities", "0.5",
         "--tasks", "lm", "--lengths", "128", "--max-chunks", "1", "--block-size", "16",
-        "--dense-layers", "0", "--window", "0", "--dense-tail-blocks", "0", "--no-png",
+        "--dense-layers", "0", "--window", "0", "--dense-tail-blocks", "0", "--window-blocks", "0", "--sink-blocks", "0", "--no-png",
     ]  # fmt: skip
     results = {}
     for name, extra in (("local", []), ("ray", ["--ray", "auto"])):
