@@ -1,6 +1,6 @@
 """Block-sparse attention that is actually fast on CPU, in plain torch.
 
-Why it is shaped like this (measured on the project's 2-core AVX-512 CPU, see shared/STACK.md):
+Why it is shaped like this (measured on the project's 2-core AVX-512 CPU, see docs/speed.md):
 - Each (batch, head group, query block) row splits its selected key blocks into *interior* blocks,
   fully visible to every query of the block (no mask at all), and a few *edge* blocks (the causal
   diagonal, a block cut by the left-padding start, the partial last block) that need a mask.
