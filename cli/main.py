@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "sketchwalk.cli.store",
     "sketchwalk.cli.bench",
     "sketchwalk.cli.eval",
+    "sketchwalk.cli.frontier",
     "sketchwalk.cli.app",
     "sketchwalk.cli.worker",
 )

@@ -15,6 +15,7 @@ candidate block pairs summed over items (prefill: sparse layers, and all layers;
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -185,16 +186,19 @@ class GridSpec:
     new_tokens: int = 8  # greedy tokens for items with an answer (0 for pure LM items)
     base: dict = field(default_factory=dict)  # other SketchWalkConfig knobs
     kernel_backend: str | None = None
+    # knob overrides crossed with methods x densities (the frontier: block sizes, granularity)
+    variants: tuple[dict, ...] = ({},)
 
 
 def configs(spec: GridSpec) -> list[SketchWalkConfig]:
-    """One validated config per (method, density); bad knobs fail before any model work."""
+    """One validated config per (variant, method, density); bad knobs fail before model work."""
     if "dense" in spec.methods:
         raise SketchWalkError(
             "dense is the reference every row is compared with; not a method here"
         )
     return [
-        SketchWalkConfig(**{**spec.base, "method": m, "density": d, "phases": spec.phases})
+        SketchWalkConfig(**{**spec.base, **v, "method": m, "density": d, "phases": spec.phases})
+        for v in spec.variants
         for m in spec.methods
         for d in spec.densities
     ]
@@ -209,11 +213,12 @@ def run_grid(
 ) -> list[dict]:
     """Rows (one per cell, in task/source/length/method/density order) ready for the store."""
     cfgs = configs(spec)
+    biggest = max(c.block_size for c in cfgs)
     for item in items:
-        if item.ids.shape[1] < 2 * cfgs[0].block_size:
+        if item.ids.shape[1] < 2 * biggest:
             raise SketchWalkError(
                 f"item {item.label} has {item.ids.shape[1]} tokens; an eval needs at least two "
-                f"blocks ({2 * cfgs[0].block_size} tokens)"
+                f"blocks ({2 * biggest} tokens)"
             )
         limit = lm.max_context - (spec.new_tokens if item.answer is not None else 0)
         if item.ids.shape[1] > limit:
@@ -236,8 +241,10 @@ def run_grid(
         tick(f"{item.label} dense")
         for cfg in cfgs:
             key = (item.task, item.source, item.length, cfg.method, cfg.density)
-            if key not in cells:
-                cells[key] = Cell(*key, config=cfg.to_dict())
+            cell_key = (*key, cfg.block_size, cfg.per_group, json.dumps(cfg.to_dict()))
+            if cell_key not in cells:
+                cells[cell_key] = Cell(*key, config=cfg.to_dict())
+            key = cell_key
             sparse = sparse_pass(lm, item.ids, cfg, new, spec.kernel_backend)
             cells[key].add(item, dense, sparse)
             del sparse

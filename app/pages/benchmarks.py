@@ -17,11 +17,12 @@ import streamlit as st
 
 from sketchwalk.app import widgets
 from sketchwalk.eval import report as eval_report
+from sketchwalk.eval.frontier import distance_to_oracle, variant_label
 from sketchwalk.store import jsonio
 from sketchwalk.store.bulk import arrow_schema
 from sketchwalk.store.schema import eval_results as eval_table
 
-CELL = ["model_id", "task", "source", "length", "method", "density_target"]
+CELL = ["model_id", "task", "source", "length", "method", "density_target", "variant"]
 LATEST = "Latest per cell"
 
 
@@ -74,8 +75,19 @@ def parquet_bytes(df: pd.DataFrame) -> bytes:
     return sink.getvalue()
 
 
+def oracle_gaps(rows: list[dict]) -> pd.DataFrame:
+    """Each method's cell beside the exact-mass oracle's at the same block size, granularity and
+    density (rows without an oracle cell are left out)."""
+    paired = [r for r in distance_to_oracle(rows) if r["kl_oracle"] is not None]
+    cols = ["length", "variant", "method", "density_target", "density_achieved", "kl_mean"]
+    cols += ["kl_oracle", "kl_gap", "top1_agreement", "ppl_sparse", "ppl_gap_pct"]
+    return pd.DataFrame(paired, columns=cols)
+
+
 store = widgets.setup("Benchmarks")
 results = store.eval_results()
+if not results.empty:
+    results["variant"] = [variant_label(c or {}) for c in results["config"]]
 if results.empty:
     st.info(
         "No eval results yet. Run a grid from the command line, for example "
@@ -130,6 +142,17 @@ for (task, source, length), d in reach.items():
 
 for i, fig in enumerate(eval_report.figures(rows, x=x_axis)):
     st.plotly_chart(fig, key=f"bm_fig_{i}")
+
+gaps = oracle_gaps(rows)
+if not gaps.empty and (gaps["method"] != "oracle").any():
+    st.subheader("Distance to the oracle")
+    st.caption(
+        "The oracle keeps the blocks with the most exact attention mass (a dense softmax): at a "
+        "block size (b16, b32, ...), granularity (one selection per layer or per KV-head group) "
+        "and density it is the best block selection there is. KL gap = a method's KL minus the "
+        "oracle's in the same cell; `sketchwalk frontier` fills these cells."
+    )
+    st.dataframe(gaps, hide_index=True, key="bm_frontier")
 
 st.subheader("Table")
 st.dataframe(table(view), hide_index=True, key="bm_table")

@@ -77,3 +77,26 @@ def test_plots_table_filters_and_latest_eval(db):
     assert set(at.dataframe[0].value["eval_id"]) == {"old"}
     at.multiselect(key="bm_task").set_value([]).run()
     assert "No eval rows match" in at.warning[0].value
+
+
+def test_frontier_cells_show_their_distance_to_the_oracle(db):
+    out = []
+    for block, oracle_kl, sw_kl in ((16, 0.02, 0.05), (32, 0.03, 0.09)):
+        cfg = {"block_size": block, "per_group": True}
+        for method, kl in (("oracle", oracle_kl), ("sketchwalk", sw_kl)):
+            out.append(
+                dict(eval_id="f", model_id="smollm2", task="lm", source="gpl-3", length=2048,
+                     method=method, phases="prefill", density_target=0.2, density_achieved=0.2,
+                     n_items=1, n_tokens=2048, ppl_dense=10.0, ppl_sparse=10.0 + 10 * kl,
+                     kl_mean=kl, config=cfg)
+            )  # fmt: skip
+    with open_store(db) as store:
+        store.save_eval_results(out)
+    at = page().run()
+    assert not at.exception
+    assert any(s.value == "Distance to the oracle" for s in at.subheader)
+    gaps = at.dataframe[0].value  # the frontier table comes before the full table
+    assert len(gaps) == 4  # both block sizes kept apart (latest-per-cell knows the variant)
+    sw = gaps[gaps["method"] == "sketchwalk"].set_index("variant")
+    assert sw.loc["b16 group", "kl_gap"] == pytest.approx(0.03)
+    assert sw.loc["b32 group", "kl_gap"] == pytest.approx(0.06)
