@@ -87,8 +87,9 @@ class SketchWalkConfig:
         flag="phase",
     )
     block_size: int = knob(
-        32,
-        "tokens per block (a power of two)",
+        16,
+        "tokens per block (a power of two); the walk costs n^3 for n = T / block blocks, so "
+        "take 64 beyond ~16k tokens",
         label="Block size",
         lo=1,
         hi=4096,
@@ -158,6 +159,13 @@ class SketchWalkConfig:
         "variance, then averages per query block",
         label="Estimator",
         choices=ESTIMATORS,
+    )
+    query_samples: int = knob(
+        4,
+        "token-query estimator: evenly spaced queries scored per block (0 = every query)",
+        label="Estimator queries per block",
+        lo=0,
+        hi=1 << 16,
     )
     tau: float = knob(
         1.0,

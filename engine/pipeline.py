@@ -24,6 +24,7 @@ from .sketch import (
     block_pool,
     causal_block_softmax,
     key_summary,
+    sample_positions,
     token_block_logits,
     token_block_mass,
 )
@@ -82,12 +83,21 @@ def key_span(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass
 class QueryTokens:
-    """Sketched queries [B, H, L, r] at positions offset .. offset + L - 1, for the token-query
-    estimator; valid [B, L] marks real ones."""
+    """Sketched queries [B, H, L, r] at ascending absolute positions pos [L], for the
+    token-query estimator; valid [B, L] marks real ones."""
 
     qs: torch.Tensor
     valid: torch.Tensor
-    offset: int = 0
+    pos: torch.Tensor
+
+    @classmethod
+    def sampled(
+        cls, qs: torch.Tensor, valid: torch.Tensor, offset: int, cfg: SketchWalkConfig
+    ) -> QueryTokens:
+        """Keep cfg.query_samples evenly spaced queries per block (all with 0)."""
+        pos = sample_positions(qs.shape[2], cfg.block_size, cfg.query_samples, offset)
+        idx = (pos - offset).to(qs.device)
+        return cls(qs.index_select(2, idx), valid.index_select(1, idx), pos)
 
 
 def sketch_blocks(
@@ -96,12 +106,12 @@ def sketch_blocks(
     srht: SRHT,
     block_size: int,
     valid: torch.Tensor,
-    tokens: bool = False,
+    tokens: SketchWalkConfig | None = None,
 ) -> tuple[SketchedBlocks, QueryTokens | None]:
     """Pool q, k [B, H(kv), T, d] per block over real tokens, then sketch the sums (the sketch is
-    linear). tokens: also keep every sketched query and the squared sketched keys (the
-    token-query estimator)."""
-    if not tokens:
+    linear). tokens: for the token-query estimator, also keep the config's sampled sketched
+    queries and the sums of squared sketched keys."""
+    if tokens is None:
         q_sum, q_count = block_pool(q, block_size, valid)
         k_sum, k_count = block_pool(k, block_size, valid)
         return SketchedBlocks(srht(q_sum), q_count, srht(k_sum), k_count), None
@@ -109,7 +119,9 @@ def sketch_blocks(
     q_sum, q_count = block_pool(qs, block_size, valid)
     k_sum, k_count = block_pool(ks, block_size, valid)
     k_sq, _ = block_pool(ks * ks, block_size, valid)
-    return SketchedBlocks(q_sum, q_count, k_sum, k_count, k_sq), QueryTokens(qs, valid)
+    return SketchedBlocks(q_sum, q_count, k_sum, k_count, k_sq), QueryTokens.sampled(
+        qs, valid, 0, tokens
+    )
 
 
 def transition(
@@ -124,7 +136,7 @@ def transition(
     if tokens is not None and cfg.estimator == "query":
         km, kvar = key_summary(sk.k_sum, sk.k_sq, sk.k_count)
         probs = token_block_mass(
-            tokens.qs, tokens.valid, tokens.offset, km, kvar, sk.k_count, cfg.block_size, dim,
+            tokens.qs, tokens.valid, tokens.pos, km, kvar, sk.k_count, cfg.block_size, dim,
             cfg.tau,
         )  # fmt: skip
         return aggregate_heads(probs, cfg.per_group)
@@ -190,7 +202,7 @@ def prefill_plan(
     scale = d**-0.5 if scale is None else scale
     timer = StageTimer(q.device)
     rows = torch.arange(n, device=q.device)
-    tokens = cfg.estimator == "query"
+    tokens = cfg if cfg.estimator == "query" else None
     sk, qt = timer.run("sketch", lambda: sketch_blocks(q, k, srht, b, valid, tokens))
     a = timer.run("sketch", lambda: transition(sk, rows, d, cfg, qt))
     exact = None
@@ -302,7 +314,7 @@ def chunk_step(
             sk.k_sq[:, :, j0:] += block_pool(ks * ks, b, new_valid, offset=t0 % b)[0]
         # the token estimator sees the chunk's own queries of its first block (earlier ones of
         # that block came with the previous chunk and are not kept)
-        a_rows = transition(sk, rows, d, cfg, QueryTokens(qs, new_valid, t0))  # [B, G, R, n]
+        a_rows = transition(sk, rows, d, cfg, QueryTokens.sampled(qs, new_valid, t0, cfg))
         st.a[:, :, rows] = a_rows
         st.window = torch.cat([st.window, qs], dim=2)[:, :, -cfg.query_window :]
         return a_rows, q_count > 0  # rows holding the chunk's real queries

@@ -176,20 +176,34 @@ def token_block_logits(
     tau: float,
 ) -> torch.Tensor:
     """Log-sum-exp estimates [B, Hkv, G, L, n] of each sketched query qs [B, H, L, r] over the
-    keys of each block (mean + half the variance + log of the block's real key count)."""
+    keys of each block (mean + half the variance + log of the block's real key count), as one
+    matmul of [q, q^2, 1] against [c mean, c^2/2 var, log count]."""
     c = dim**-0.5 / tau
-    qg = group_queries(qs, km.shape[1])
-    logits = (qg @ km.unsqueeze(2).transpose(-1, -2)) * c
-    if kvar is not None:
-        logits = logits + (qg * qg) @ kvar.unsqueeze(2).transpose(-1, -2) * (0.5 * c * c)
-    log_count = k_count.clamp(min=1.0).log()  # [B, n]
-    return logits + log_count.view(log_count.shape[0], 1, 1, 1, -1)
+    bsz, hkv, n = km.shape[0], km.shape[1], km.shape[2]
+    log_count = k_count.clamp(min=1.0).log().view(bsz, 1, n, 1).expand(bsz, hkv, n, 1)
+    keys = [km * c, *([kvar * (0.5 * c * c)] if kvar is not None else []), log_count]
+    qg = group_queries(qs, hkv)
+    ones = torch.ones(*qg.shape[:-1], 1, device=qs.device, dtype=qg.dtype)
+    queries = [qg, *([qg * qg] if kvar is not None else []), ones]
+    return torch.cat(queries, -1) @ torch.cat(keys, -1).unsqueeze(2).transpose(-1, -2)
+
+
+def sample_positions(length: int, block_size: int, samples: int, offset: int = 0) -> torch.Tensor:
+    """Positions offset .. offset + length - 1 to score: all of them (samples 0 or >= block), or
+    `samples` evenly spaced ones per block, the last token of each block always among them."""
+    pos = torch.arange(offset, offset + length)
+    if samples <= 0 or samples >= block_size:
+        return pos
+    stride = block_size // samples
+    keep = (pos % block_size) % stride == stride - 1
+    keep[-1] = True  # the last position (a partial last block) is always scored
+    return pos[keep]
 
 
 def token_block_mass(
     qs: torch.Tensor,
     q_valid: torch.Tensor,
-    offset: int,
+    pos: torch.Tensor,
     km: torch.Tensor,
     kvar: torch.Tensor | None,
     k_count: torch.Tensor,
@@ -198,33 +212,38 @@ def token_block_mass(
     tau: float,
     chunk_elems: int = 1 << 23,
 ) -> torch.Tensor:
-    """Estimated block mass [B, Hkv, G, R, n] for the query blocks covering positions
-    offset .. offset + L - 1 of qs [B, H, L, r] (q_valid [B, L] real queries).
+    """Estimated block mass [B, Hkv, G, R, n] for the query blocks from pos[0] // b to
+    pos[-1] // b, from sketched queries qs [B, H, L, r] at ascending positions pos [L]
+    (q_valid [B, L] real queries); a block's estimate is the mean over its scored queries.
 
     Each query sees the key blocks before its own and, in its own block, only the keys up to
     itself (the log-count of the diagonal block is that of the visible keys). Query chunks keep
-    the [L, n] logits bounded."""
+    the logits bounded and only score the key blocks their last query can see."""
     bsz, h, length, r = qs.shape
     b = block_size
     n = km.shape[2]
-    j0 = offset // b
-    rows = -(-(offset + length) // b) - j0
+    pos = pos.to(qs.device)
+    blk_all = pos // b
+    j0 = int(blk_all[0])
+    rows = int(blk_all[-1]) - j0 + 1
     out = torch.zeros(bsz, km.shape[1], h // km.shape[1], rows, n, device=qs.device)
     has = k_count > 0
     step = max(1, chunk_elems // max(h * n * bsz, 1))
     for s in range(0, length, step):  # sums per block, so chunks need not align to blocks
         e = min(length, s + step)
-        pos = torch.arange(offset + s, offset + e, device=qs.device)
-        blk = pos // b
-        logits = token_block_logits(qs[:, :, s:e], km, kvar, k_count, dim, tau)
+        blk = blk_all[s:e]
+        nk = int(blk[-1]) + 1  # no query of this chunk sees past its last block
+        logits = token_block_logits(
+            qs[:, :, s:e], km[:, :, :nk], None if kvar is None else kvar[:, :, :nk],
+            k_count[:, :nk], dim, tau,
+        )  # fmt: skip
         # own block: only the keys up to the query are visible
-        seen = (pos % b + 1).float()[None, :].minimum(k_count[:, blk])  # [B, c]
+        seen = (pos[s:e] % b + 1).float()[None, :].minimum(k_count[:, blk])  # [B, c]
         fix = seen.clamp(min=1.0).log() - k_count[:, blk].clamp(min=1.0).log()
         idx = blk.view(1, 1, 1, -1, 1).expand(*logits.shape[:4], 1)
         logits.scatter_add_(-1, idx, fix.view(bsz, 1, 1, -1, 1).expand_as(idx))
-        probs = causal_block_softmax(logits, has, blk) * q_valid[:, None, None, s:e, None]
-        out.index_add_(3, blk - j0, probs)
+        probs = causal_block_softmax(logits, has[:, :nk], blk) * q_valid[:, None, None, s:e, None]
+        out[..., :nk].index_add_(3, blk - j0, probs)
     q_count = torch.zeros(bsz, rows, device=qs.device)
-    q_count.index_add_(1, torch.arange(offset, offset + length, device=qs.device) // b - j0,
-                       q_valid.float())  # fmt: skip
+    q_count.index_add_(1, blk_all - j0, q_valid.float())
     return out / q_count.clamp(min=1.0)[:, None, None, :, None]

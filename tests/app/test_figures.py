@@ -85,8 +85,9 @@ def test_preview_keeps_exactly_the_budget(stored, density):
     run = store.get_run(rid)
     hm = store.heatmap(rid, "prefill", 0, _sparse_layer(store, rid))
     n = hm["n_blocks"]
-    kept = figures.preview_selection(hm["walk"], run["prompt_tokens"], run["config"], density)
-    cand, forced = figures.selection_rule(n, run["prompt_tokens"], run["config"])
+    config = {**run["config"], "budget": "row"}  # the per-row rule (the layer rule: below)
+    kept = figures.preview_selection(hm["walk"], run["prompt_tokens"], config, density)
+    cand, forced = figures.selection_rule(n, run["prompt_tokens"], config)
     assert not (kept & ~cand).any() and not (forced & ~kept).any()
     counts = kept.sum(1)
     i = np.arange(n)
@@ -107,6 +108,23 @@ def test_preview_keeps_exactly_the_budget(stored, density):
         loose = cand[r] & ~forced[r]
         if (loose & ~kept[r]).any():
             assert hm["walk"][r][loose & kept[r]].min() >= hm["walk"][r][loose & ~kept[r]].max()
+
+
+@pytest.mark.parametrize("density", [0.05, 0.2, 0.37, 0.6, 1.0])
+def test_layer_budget_preview_keeps_the_top_scores_of_the_layer(stored, density):
+    store, ids = stored
+    rid = ids["sketchwalk"]
+    run = store.get_run(rid)
+    hm = store.heatmap(rid, "prefill", 0, _sparse_layer(store, rid))
+    config = {**run["config"], "budget": "layer"}
+    kept = figures.preview_selection(hm["walk"], run["prompt_tokens"], config, density)
+    cand, forced = figures.selection_rule(hm["n_blocks"], run["prompt_tokens"], config)
+    assert not (kept & ~cand).any() and not (forced & ~kept).any()
+    assert kept.sum() == max(int(np.floor(density * cand.sum() + 1e-9)), forced.sum())
+    loose = cand & ~forced
+    walk = np.nan_to_num(np.asarray(hm["walk"]), nan=-np.inf)
+    if (loose & kept).any() and (loose & ~kept).any():
+        assert walk[loose & kept].min() >= walk[loose & ~kept].max()
 
 
 def test_preview_at_the_run_density_reproduces_the_engine_selection(stored):

@@ -116,8 +116,8 @@ def test_token_estimator_is_exact_when_every_block_holds_one_repeated_key(t, b, 
     valid = torch.ones(1, t, dtype=torch.bool)
     valid[0, :offset_pad] = False
     srht = make_srht(16, 16, 0, 3)  # r = m: the sketch is an exact rotation
-    cfg = SketchWalkConfig(block_size=b, estimator="query", per_group=True)
-    sk, tokens = sketch_blocks(q, k, srht, b, valid, tokens=True)
+    cfg = SketchWalkConfig(block_size=b, estimator="query", per_group=True, query_samples=0)
+    sk, tokens = sketch_blocks(q, k, srht, b, valid, tokens=cfg)
     est = transition(sk, torch.arange(n), 16, cfg, tokens)
     exact = exact_block_mass(q, k, 16**-0.5, b, valid, groups=2)
     assert torch.allclose(est, exact, atol=1e-5)
@@ -143,8 +143,50 @@ def test_token_estimator_sees_a_key_block_that_each_query_finds_alone():
     est = {}
     for estimator in ("query", "mean"):
         cfg = SketchWalkConfig(block_size=b, estimator=estimator, per_group=True)
-        sk, tokens = sketch_blocks(q, k, srht, b, valid, tokens=estimator == "query")
+        sk, tokens = sketch_blocks(q, k, srht, b, valid, cfg if estimator == "query" else None)
         est[estimator] = transition(sk, rows, d, cfg, tokens)[0, 0, 5]
     others = [0, 1, 3, 4]
     assert est["query"][2] > 1.5 * est["query"][others].max()
     assert est["mean"][2] < 1.2 * est["mean"][others].max()
+
+
+@pytest.mark.parametrize("length,b,samples,offset", [(64, 16, 4, 0), (70, 16, 2, 0), (40, 8, 0, 5),
+                                                     (33, 16, 16, 7)])  # fmt: skip
+def test_sampled_positions_are_evenly_spaced_and_keep_each_block_end(length, b, samples, offset):
+    from sketchwalk.engine.sketch import sample_positions
+
+    pos = sample_positions(length, b, samples, offset)
+    assert pos[-1] == offset + length - 1 and torch.all(pos[1:] > pos[:-1])
+    if samples in (0, b):
+        assert torch.equal(pos, torch.arange(offset, offset + length))
+    else:
+        full = [p for p in range(offset, offset + length) if p % b == b - 1]
+        assert set(full) <= set(pos.tolist())
+        per_block = torch.bincount(pos // b)
+        assert per_block.max() <= samples + 1
+
+
+def test_sampled_estimate_is_the_mean_over_the_sampled_queries():
+    """query_samples=s scores s queries per block: the same as scoring those queries alone."""
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.pipeline import QueryTokens, sketch_blocks, transition
+    from sketchwalk.engine.sketch import sample_positions
+
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(1, 4, 96, 16, generator=g), torch.randn(1, 2, 96, 16, generator=g)
+    valid = torch.ones(1, 96, dtype=torch.bool)
+    srht = make_srht(16, 16, 0, 1)
+    cfg = SketchWalkConfig(block_size=16, estimator="query", query_samples=4)
+    sk, tokens = sketch_blocks(q, k, srht, 16, valid, cfg)
+    sampled = transition(sk, torch.arange(6), 16, cfg, tokens)
+    pos = sample_positions(96, 16, 4)
+    by_hand = QueryTokens(srht(q)[:, :, pos], valid[:, pos], pos)
+    assert torch.allclose(sampled, transition(sk, torch.arange(6), 16, cfg, by_hand), atol=1e-6)
+    every = transition(
+        sk,
+        torch.arange(6),
+        16,
+        cfg,
+        QueryTokens.sampled(srht(q), valid, 0, cfg.with_(query_samples=0)),
+    )
+    assert not torch.allclose(sampled, every, atol=1e-4)  # fewer queries: a different estimate
