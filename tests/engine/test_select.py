@@ -171,3 +171,20 @@ def test_density_is_a_real_knob_with_block_floors(n, density):
         groups=3, budget="layer",
     )  # fmt: skip
     assert abs(sel.density - density) <= 0.02
+
+
+@pytest.mark.parametrize("tokens", [1024, 2048])
+def test_default_knobs_meet_the_density_target_in_a_model(tokens):
+    """End to end with the default knobs: every sparse layer lands on the target (+-0.02)."""
+    from engine_fixtures import tiny_llama
+
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.session import sketch_walk_session
+
+    model = tiny_llama(layers=3)
+    model.set_attn_implementation("sketch_walk")
+    ids = torch.randint(1, 128, (1, tokens))
+    for density in (0.1, 0.2, 0.3):
+        with torch.no_grad(), sketch_walk_session(SketchWalkConfig(density=density)) as s:
+            model(ids)
+        assert abs(s.density("prefill") - density) <= 0.02
