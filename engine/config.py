@@ -161,7 +161,7 @@ class SketchWalkConfig:
         choices=ESTIMATORS,
     )
     query_samples: int = knob(
-        4,
+        0,
         "token-query estimator: evenly spaced queries scored per block (0 = every query)",
         label="Estimator queries per block",
         lo=0,
