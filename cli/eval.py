@@ -7,6 +7,7 @@ plotted (interactive HTML always; PNG when kaleido and a Chrome are available).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -32,9 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             'file:PATH (a text file, chunked like lm, or a .jsonl of {"prompt", "answer"}).'
         ),
     )
-    p.add_argument("--model", default="smollm2", help="model id or folder (default: smollm2)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    add_model_args(p)
     p.add_argument(
         "--methods",
         default=None,
@@ -61,6 +60,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     add_ray_argument(p)  # --ray [ADDRESS]: run the grid as Ray tasks (absent: locally)
     p.set_defaults(func=cmd_eval)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """--model, --dtype, --device: the model a grid runs on (eval, frontier)."""
+    p.add_argument("--model", default="smollm2", help="model id or folder (default: smollm2)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+
+
+@contextlib.contextmanager
+def grid_progress(desc: str):
+    """A tqdm bar on stderr driven by a grid's (done, total, message) callback."""
+    from tqdm import tqdm
+
+    with tqdm(total=1, desc=desc, unit="pass", file=sys.stderr) as bar:
+
+        def progress(done: int, total: int, msg: str) -> None:
+            bar.total = total
+            bar.set_postfix_str(msg[-40:], refresh=False)
+            bar.update(done - bar.n)
+
+        yield progress
 
 
 def _floats(text: str, what: str, lo: float, hi: float, lo_open: bool) -> tuple[float, ...]:
@@ -145,7 +166,6 @@ def build(args: argparse.Namespace):
 
 def cmd_eval(args: argparse.Namespace) -> int:
     spec, tasks, lengths, depths = build(args)
-    from tqdm import tqdm
 
     from sketchwalk.engine.models import load_model
     from sketchwalk.eval import report as eval_report
@@ -180,13 +200,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not items:
         raise SketchWalkError("the tasks produced no prompts (texts shorter than half a length?)")
     eval_id = str(uuid.uuid4())
-    with tqdm(total=1, desc="eval", unit="pass", file=sys.stderr) as bar:
-
-        def progress(done: int, total: int, msg: str) -> None:
-            bar.total = total
-            bar.set_postfix_str(msg[-40:], refresh=False)
-            bar.update(done - bar.n)
-
+    with grid_progress("eval") as progress:
         generator = {"generator": {"seed": args.seed, "depths": list(depths)}}
         if args.ray is not None:
             from sketchwalk.eval.ray_grid import eval_grid_on_ray

@@ -8,6 +8,7 @@ import json
 import sys
 import uuid
 
+from sketchwalk.cli.eval import add_model_args, grid_progress
 from sketchwalk.cli.knobs import add_config_args, config_from_args
 from sketchwalk.errors import SketchWalkError
 
@@ -24,9 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "oracle)."
         ),
     )
-    p.add_argument("--model", default="smollm2", help="model id or folder (default: smollm2)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    add_model_args(p)
     p.add_argument(
         "--tasks", default="lm:gpl-3", help="task specs as for `sketchwalk eval` (default lm:gpl-3)"
     )
@@ -73,8 +72,6 @@ def build(args: argparse.Namespace):
 
 def cmd_frontier(args: argparse.Namespace) -> int:
     spec, tasks, lengths = build(args)
-    from tqdm import tqdm
-
     from sketchwalk.engine.models import load_model
     from sketchwalk.eval.frontier import distance_to_oracle, format_frontier
     from sketchwalk.eval.grid import run_grid
@@ -93,13 +90,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
     if not items:
         raise SketchWalkError("the tasks produced no prompts (texts shorter than half a length?)")
     eval_id = str(uuid.uuid4())
-    with tqdm(total=1, desc="frontier", unit="pass", file=sys.stderr) as bar:
-
-        def progress(done: int, total: int, msg: str) -> None:
-            bar.total = total
-            bar.set_postfix_str(msg[-40:], refresh=False)
-            bar.update(done - bar.n)
-
+    with grid_progress("frontier") as progress:
         rows = run_grid(lm, items, spec, eval_id, progress)
     for row in rows:
         row["extra"]["frontier"] = True
