@@ -14,7 +14,7 @@ import json
 
 import torch
 
-from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.engine.config import preset
 from sketchwalk.engine.hook import NAME
 from sketchwalk.engine.metrics import compare_prompt
 from sketchwalk.engine.models import load_model
@@ -29,7 +29,8 @@ def evaluate(model, ids: torch.Tensor, configs: list[dict]) -> list[dict]:
     model.set_attn_implementation(NAME)
     try:
         for kw in configs:
-            with sketch_walk_session(SketchWalkConfig(**kw)) as s:
+            knobs = dict(kw)
+            with sketch_walk_session(preset(knobs.pop("preset", "default"), **knobs)) as s:
                 sparse = model(ids).logits[0]
             m = compare_prompt(dense, sparse, ids[0]).summary()
             rows.append(
@@ -52,14 +53,26 @@ def main() -> None:
     p.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
     p.add_argument("--tokens", type=int, nargs="+", default=[2000, 6000])
     p.add_argument(
-        "--config", action="append", default=None, help="SketchWalkConfig fields as JSON"
+        "--bytes",
+        type=int,
+        default=None,
+        help="score the first N bytes of the text instead (0: the whole text); overrides --tokens",
+    )
+    p.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        help='knobs as JSON, e.g. {"density": 0.2} or {"preset": "paper", "density": 0.2}',
     )
     args = p.parse_args()
     configs = [json.loads(c) for c in (args.config or ['{"density": 0.2}'])]
     lm = load_model(args.model)
     with open(args.text, encoding="utf-8") as f:
-        all_ids = lm.tokenizer(f.read(), return_tensors="pt", add_special_tokens=False).input_ids
-    for n in args.tokens:
+        text = f.read()
+    if args.bytes:
+        text = text[: args.bytes]
+    all_ids = lm.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+    for n in [all_ids.shape[1]] if args.bytes is not None else args.tokens:
         for r in evaluate(lm.model, all_ids[:, :n], configs):
             print(
                 f"{r['tokens']:6d}  {json.dumps(r['config']):60s}  density {r['density']:.3f} "
