@@ -18,6 +18,7 @@ import pandas as pd
 import streamlit as st
 
 from sketchwalk import settings as app_settings
+from sketchwalk.engine.config import SketchWalkConfig
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.store import Store, open_store, resolve_url
 from sketchwalk.worker.loop import Worker, make_request
@@ -209,8 +210,9 @@ def submit(store: Store, request: dict[str, Any]) -> str:
 def rerun_request(run: dict[str, Any], **config_changes: Any) -> dict[str, Any]:
     """The request of an existing run with some knobs changed (re-run at another density)."""
     req = dict(run.get("request") or {})
-    cfg = dict(run.get("config") or req.get("config") or {})
-    cfg.update(config_changes)
+    stored = dict(run.get("config") or req.get("config") or {})
+    # knobs added since that run was stored take the values that reproduce it
+    cfg = SketchWalkConfig.from_stored(stored).with_(**config_changes).to_dict()
     extra = {
         k: v
         for k, v in req.items()
