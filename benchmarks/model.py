@@ -28,6 +28,9 @@ from sketchwalk.engine.config import SketchWalkConfig
 from sketchwalk.engine.hook import NAME
 from sketchwalk.engine.session import sketch_walk_session
 
+TIMED_SDPA = "sdpa_timed"
+_dense_attention_ms = [0.0]  # the timed SDPA's running total (one benchmark at a time)
+
 DEFAULT_TEXT = Path("/usr/share/common-licenses/GPL-3")  # the issue-12 prompt
 
 
@@ -37,7 +40,7 @@ class Pass:
 
     prefill_ms: float
     decode_ms: list[float]  # per token
-    stages: dict[str, float]  # sparse: prefill_<stage> totals, decode_<stage> per token (ms)
+    stages: dict[str, float]  # prefill_<stage> totals, decode_<stage> per token (ms)
     first_token: int
 
 
@@ -99,6 +102,31 @@ def one_pass(
     return prefill, steps, first
 
 
+def _timed_sdpa(module, query, key, value, attention_mask, **kwargs):
+    """transformers' own SDPA attention, timed: the dense model's attention alone."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cuda = query.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if cuda:
+        torch.cuda.synchronize()
+    _dense_attention_ms[0] += (time.perf_counter() - t0) * 1e3
+    return out
+
+
+def register_timed_sdpa() -> str:
+    """Registers the timed dense attention (same kernel and masks as "sdpa"); idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(TIMED_SDPA, _timed_sdpa)
+    AttentionMaskInterface.register(TIMED_SDPA, sdpa_mask)
+    return TIMED_SDPA
+
+
 def run_variant(
     model: torch.nn.Module,
     ids: torch.Tensor,
@@ -109,9 +137,19 @@ def run_variant(
 ) -> Pass:
     """cfg None: the model's own SDPA; else Sketch&Walk with no recorder."""
     if cfg is None:
-        model.set_attn_implementation("sdpa")
-        prefill, steps, first = one_pass(model, ids, new_tokens, all_logits)
-        return Pass(prefill, steps, {}, first)
+        model.set_attn_implementation(register_timed_sdpa())
+        _dense_attention_ms[0] = 0.0
+        pre: list[float] = []
+        try:
+            prefill, steps, first = one_pass(
+                model, ids, new_tokens, all_logits, lambda: pre.append(_dense_attention_ms[0])
+            )
+        finally:
+            model.set_attn_implementation("sdpa")
+        stages = {"prefill_attention": pre[0]}
+        if new_tokens:
+            stages["decode_attention"] = (_dense_attention_ms[0] - pre[0]) / new_tokens
+        return Pass(prefill, steps, stages, first)
     model.set_attn_implementation(NAME)
     try:
         with sketch_walk_session(cfg, kernel_backend=backend) as session:
@@ -168,6 +206,7 @@ def run_model_bench(
         s_dec = _med([_med(p.decode_ms) for p in sparse])
         stage_names = sorted({k for p in sparse for k in p.stages})
         stages = {k: _med([p.stages.get(k, 0.0) for p in sparse]) for k in stage_names}
+        d_attn = {k: _med([p.stages[k] for p in dense]) for k in dense[0].stages}
         rows.append(
             dict(
                 seq_len=n,
@@ -184,6 +223,7 @@ def run_model_bench(
                 sparse_decode_ms=round(s_dec, 2),
                 decode_speedup=round(d_dec / s_dec, 3) if new_tokens else None,
                 same_first_token=all(p.first_token == dense[0].first_token for p in sparse),
+                dense_stages_ms={k: round(v, 1) for k, v in d_attn.items()},
                 sparse_stages_ms={k: round(v, 1) for k, v in stages.items()},
             )
         )
@@ -193,11 +233,17 @@ def run_model_bench(
 def format_table(rows: list[dict]) -> str:
     head = (
         f"{'tokens':>7} {'block':>5} {'dens':>5} {'dense pre ms':>12} {'sparse pre ms':>13} "
-        f"{'x':>6} {'dense dec ms':>12} {'sparse dec ms':>13} {'x':>6}  sparse stages (ms)"
+        f"{'x':>6} {'dense dec ms':>12} {'sparse dec ms':>13} {'x':>6}  "
+        "attention alone dense/sparse, prefill ms | decode ms"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
-        st = " ".join(f"{k}={v:.0f}" for k, v in r["sparse_stages_ms"].items())
+        d, sp = r["dense_stages_ms"], r["sparse_stages_ms"]
+        st = f"{d['prefill_attention']:.0f}/{sp['prefill_attention']:.0f}"
+        if "decode_attention" in d:
+            st += f" | {d['decode_attention']:.1f}/{sp.get('decode_attention', 0.0):.1f}"
+        overhead = [f"{k}={v:.1f}" for k, v in sp.items() if not k.endswith("attention")]
+        st += "  (sparse selection: " + " ".join(overhead) + ")"
         dec = "-" if r["decode_speedup"] is None else f"{r['decode_speedup']:.2f}"
         lines.append(
             f"{r['seq_len']:>7} {r['block_size']:>5} {r['density']:>5} "

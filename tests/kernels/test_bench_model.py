@@ -43,6 +43,8 @@ def test_cli_json_on_tiny_model(tiny_model, tmp_path, capsys):
         )
         stages = r["sparse_stages_ms"]
         assert {"prefill_attention", "decode_attention", "prefill_sketch"} <= stages.keys()
+        assert r["dense_stages_ms"].keys() == {"prefill_attention", "decode_attention"}
+        assert 0 < r["dense_stages_ms"]["prefill_attention"] < r["dense_prefill_ms"]
 
 
 @pytest.mark.parametrize(
