@@ -25,8 +25,10 @@ from .pipeline import (
     DecodeLayerState,
     Plan,
     chunk_step,
+    decode_reuse,
     decode_step,
     prefill_plan,
+    reusable,
     start_decode,
 )
 from .recorder import Recorder
@@ -41,6 +43,10 @@ class Session:
     recorder: Recorder | None = None
     progress: ProgressFn | None = None
     kernel_backend: str | None = None
+    # decode re-selects at least every this many tokens (1: every token; 0: when a key block
+    # starts); between, a layer keeps its last selection (see pipeline.reusable)
+    decode_reselect: int = 1
+    decode_reused: int = 0  # (layer, step) decode pairs that kept their last selection
     step: int = 0
     walk_prev: torch.Tensor | None = None
     chunk_walk: torch.Tensor | None = None  # the current chunk's rows of the previous layer's walk
@@ -175,9 +181,13 @@ class Session:
         if cfg.method_spec.needs_exact:
             exact = exact_block_mass(q, k, scale, cfg.block_size, key_valid, cfg.groups(k.shape[1]))
         srht = self.srht(layer, q.shape[-1], q.device)
-        plan = decode_step(
-            st, q, k[:, :, -1:], k.shape[2], cfg, srht, key_valid, exact, keys=k, scale=scale
-        )
+        if reusable(st, k.shape[2], cfg, self.decode_reselect):
+            plan = decode_reuse(st, q, k[:, :, -1:], k.shape[2], cfg, srht, key_valid)
+            self.decode_reused += 1
+        else:
+            plan = decode_step(
+                st, q, k[:, :, -1:], k.shape[2], cfg, srht, key_valid, exact, keys=k, scale=scale
+            )
         for stage, ms in plan.timings.items():
             self._time(stage, ms)
         return self._sparse("decode", layer, plan, q, k, v, mask, key_valid, scale)
@@ -269,9 +279,13 @@ def sketch_walk_session(
     recorder: Recorder | None = None,
     progress: ProgressFn | None = None,
     kernel_backend: str | None = None,
+    decode_reselect: int = 1,
 ) -> Iterator[Session]:
     """Bind a fresh per-sequence state for the calls made inside the block."""
+    if decode_reselect < 0:
+        raise ValueError(f"decode_reselect must be >= 0, got {decode_reselect}")
     session = Session(cfg or SketchWalkConfig(), recorder, progress, kernel_backend)
+    session.decode_reselect = decode_reselect
     token = _current.set(session)
     try:
         yield session
