@@ -134,6 +134,7 @@ def run_variant(
     cfg: SketchWalkConfig | None,
     all_logits: bool,
     backend: str | None = None,
+    reselect: int = 1,
 ) -> Pass:
     """cfg None: the model's own SDPA; else Sketch&Walk with no recorder."""
     if cfg is None:
@@ -152,7 +153,7 @@ def run_variant(
         return Pass(prefill, steps, stages, first)
     model.set_attn_implementation(NAME)
     try:
-        with sketch_walk_session(cfg, kernel_backend=backend) as session:
+        with sketch_walk_session(cfg, kernel_backend=backend, decode_reselect=reselect) as session:
             pre: dict[str, float] = {}
             prefill, steps, first = one_pass(
                 model, ids, new_tokens, all_logits, lambda: pre.update(session.timings)
@@ -182,6 +183,7 @@ def run_model_bench(
     all_logits: bool = False,
     backend: str | None = None,
     progress: Callable[[], None] | None = None,
+    reselect: int = 1,
 ) -> list[dict]:
     """One row per prompt length: medians of dense and sparse prefill and decode, and ratios."""
     device = next(model.parameters()).device
@@ -196,7 +198,9 @@ def run_model_bench(
                 if which == "dense":
                     dense.append(run_variant(model, ids, new_tokens, None, all_logits))
                 else:
-                    sparse.append(run_variant(model, ids, new_tokens, cfg, all_logits, backend))
+                    sparse.append(
+                        run_variant(model, ids, new_tokens, cfg, all_logits, backend, reselect)
+                    )
                 if progress is not None:
                     progress()
         d_pre = _med([p.prefill_ms for p in dense])
@@ -215,6 +219,7 @@ def run_model_bench(
                 density=cfg.density,
                 block_size=cfg.block_size,
                 per_group=cfg.per_group,
+                decode_reselect=reselect,
                 all_logits=all_logits,
                 dense_prefill_ms=round(d_pre, 1),
                 sparse_prefill_ms=round(s_pre, 1),

@@ -249,6 +249,7 @@ class DecodeLayerState:
     selection: BlockSelection | None = None  # the last decode selection ...
     selected_block: int = -1  # ... made while this key block was the current one ...
     steps_since: int = 0  # ... this many tokens ago
+    gathered: object | None = None  # its K/V gathered by the kernel (kernels/decode_cache.py)
 
 
 def start_decode(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sketchwalk.kernels import block_sparse_attention
+from sketchwalk.kernels import block_sparse_attention, choose_backend, decode_cache
 
 from .blockstats import exact_block_mass
 from .config import SketchWalkConfig
@@ -198,18 +198,22 @@ class Session:
         sel = plan.selection
         seq_start = None if bool(key_valid.all()) else key_valid.float().argmax(dim=1)
         t0 = _now(q)
-        out = block_sparse_attention(
-            q,
-            k,
-            v,
-            sel.block_index,
-            sel.block_count,
-            self.cfg.block_size,
-            True,
-            scale,
-            seq_start,
-            backend=self.kernel_backend,
-        )
+        out = None
+        if phase == "decode" and self.decode_reselect != 1:
+            out = self._decode_gathered(layer, sel, q, k, v, scale, seq_start)
+        if out is None:
+            out = block_sparse_attention(
+                q,
+                k,
+                v,
+                sel.block_index,
+                sel.block_count,
+                self.cfg.block_size,
+                True,
+                scale,
+                seq_start,
+                backend=self.kernel_backend,
+            )
         timings = dict(plan.timings, attention=_now(q) - t0)
         self._time("attention", timings["attention"])
         self._count(phase, sel.kept, sel.candidates, sparse=True)
@@ -232,6 +236,27 @@ class Session:
                 timings,
             )
         return out
+
+    def _decode_gathered(self, layer, sel, q, k, v, scale, seq_start) -> torch.Tensor | None:
+        """Decode with a selection kept across steps: its K/V gathered once (kernels/decode_cache);
+        None where that path does not apply (then the stateless kernel runs)."""
+        st = self.decode_states.get(layer)
+        if st is None or choose_backend(q.device, self.kernel_backend) != "cpu":
+            return None
+        if not decode_cache.supports(q, k, sel.block_index.shape[1], seq_start):
+            return None
+        cur = (k.shape[2] - 1) // self.cfg.block_size
+        g = st.gathered
+        if g is None or g.source is not sel or g.cur != cur:
+            try:
+                g = decode_cache.gather(
+                    k, v, sel.block_index, sel.block_count, self.cfg.block_size, k.shape[2], sel
+                )
+            except ValueError:
+                st.gathered = None
+                return None
+            st.gathered = g
+        return decode_cache.attend(g, q, k, v, scale)
 
     def _dense(
         self, phase, layer, plan: Plan | None, q, k, v, mask, key_valid, scale, record=True
@@ -286,6 +311,16 @@ def sketch_walk_session(
         raise ValueError(f"decode_reselect must be >= 0, got {decode_reselect}")
     session = Session(cfg or SketchWalkConfig(), recorder, progress, kernel_backend)
     session.decode_reselect = decode_reselect
+    token = _current.set(session)
+    try:
+        yield session
+    finally:
+        _current.reset(token)
+
+
+@contextlib.contextmanager
+def bind_session(session: Session) -> Iterator[Session]:
+    """Bind an existing session (e.g. a copy taken after a prefill) for the calls inside."""
     token = _current.set(session)
     try:
         yield session

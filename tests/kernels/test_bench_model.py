@@ -32,12 +32,12 @@ def test_cli_json_on_tiny_model(tiny_model, tmp_path, capsys):
     text = tmp_path / "p.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
     argv = ["bench", "model", "--model", tiny_model, "--seq-len", "150", "200"]
-    argv += ["--block-size", "16", "--new-tokens", "3", "--repeats", "2"]
+    argv += ["--block-size", "16", "--new-tokens", "3", "--repeats", "2", "--decode-reselect", "0"]
     assert main([*argv, "--prompt-file", str(text), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["seq_len"] for r in rows] == [150, 200]
     for r in rows:
-        assert r.keys() >= KEYS and r["block_size"] == 16
+        assert r.keys() >= KEYS and r["block_size"] == 16 and r["decode_reselect"] == 0
         assert r["prefill_speedup"] == pytest.approx(
             r["dense_prefill_ms"] / r["sparse_prefill_ms"], rel=2e-2
         )
@@ -53,6 +53,7 @@ def test_cli_json_on_tiny_model(tiny_model, tmp_path, capsys):
         (["--density", "0"], "density must be in (0, 1]"),
         (["--repeats", "0"], "repeats must be at least 1"),
         (["--new-tokens", "-1"], "new tokens must be >= 0"),
+        (["--decode-reselect", "-2"], "decode reselect must be >= 0"),
         (["--seq-len", "0"], "sequence length must be at least 1"),
         (["--prompt-file", "/nonexistent/x"], "cannot read prompt file"),
         (["--block-size", "48"], "block size must be a positive power of two"),
