@@ -39,6 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--backend", default=None, choices=["cpu", "triton", "reference"], help="kernel backend"
     )
+    p.add_argument(
+        "--flex",
+        action="store_true",
+        help="prefill: also time PyTorch FlexAttention on the same lists (compiles, 10-20 s)",
+    )
+    p.add_argument("--block-size", type=int, default=None, metavar="B", help="default: config's")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.set_defaults(func=run_attention)
 
@@ -85,6 +91,14 @@ def _validate(args: argparse.Namespace) -> None:
             raise SketchWalkError(f"sequence length must be at least 1, got {n}")
     if args.repeats < 1:
         raise SketchWalkError(f"repeats must be at least 1, got {args.repeats}")
+    b = args.block_size
+    if b is not None and (b < 1 or b & (b - 1)):
+        raise SketchWalkError(f"block size must be a positive power of two, got {b}")
+    if args.flex:
+        from sketchwalk.benchmarks.flex import flex_available
+
+        if not flex_available():
+            raise SketchWalkError("--flex needs torch.nn.attention.flex_attention (torch >= 2.5)")
     if args.device == "cuda":
         import torch
 
@@ -117,6 +131,8 @@ def run_attention(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             phases=phases,
             progress=lambda: bar.update(1),
+            flex=args.flex,
+            block_size=args.block_size,
         )
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0
