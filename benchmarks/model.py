@@ -15,33 +15,16 @@ evaluation (and `sketchwalk run`) does -- that adds the same LM-head cost to bot
 
 from __future__ import annotations
 
-import inspect
 import statistics
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.hook import NAME
-from sketchwalk.engine.session import sketch_walk_session
-
-TIMED_SDPA = "sdpa_timed"
-_dense_attention_ms = [0.0]  # the timed SDPA's running total (one benchmark at a time)
+from sketchwalk.engine.timing import Pass, run_variant
 
 DEFAULT_TEXT = Path("/usr/share/common-licenses/GPL-3")  # the issue-12 prompt
-
-
-@dataclass
-class Pass:
-    """One prefill + decode of one variant."""
-
-    prefill_ms: float
-    decode_ms: list[float]  # per token
-    stages: dict[str, float]  # prefill_<stage> totals, decode_<stage> per token (ms)
-    first_token: int
 
 
 def prompt_ids(tokenizer, text: str, n_tokens: int) -> torch.Tensor:
@@ -52,120 +35,6 @@ def prompt_ids(tokenizer, text: str, n_tokens: int) -> torch.Tensor:
     while len(ids) < n_tokens:
         ids = ids + ids
     return torch.tensor([ids[:n_tokens]], dtype=torch.long)
-
-
-def _cache_kw(model: torch.nn.Module) -> str:
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _keep_kw(model: torch.nn.Module) -> dict:
-    params = inspect.signature(model.forward).parameters
-    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-
-
-@torch.no_grad()
-def one_pass(
-    model: torch.nn.Module,
-    ids: torch.Tensor,
-    new_tokens: int,
-    all_logits: bool,
-    after_prefill: Callable[[], None] | None = None,
-) -> tuple[float, list[float], int]:
-    """Prefill then greedy decode; returns prefill ms, per-token decode ms, the first new token."""
-    kw = _cache_kw(model)
-    keep = {} if all_logits else _keep_kw(model)
-    cuda = ids.device.type == "cuda"
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    sync()
-    t0 = time.perf_counter()
-    out = model(ids, use_cache=True, **keep)
-    nxt = int(out.logits[0, -1].argmax())
-    sync()
-    prefill = (time.perf_counter() - t0) * 1e3
-    first = nxt
-    if after_prefill is not None:
-        after_prefill()
-    cache = getattr(out, "cache", None) or out.past_key_values
-    steps: list[float] = []
-    for _ in range(new_tokens):
-        t0 = time.perf_counter()
-        out = model(torch.tensor([[nxt]], device=ids.device), use_cache=True, **{kw: cache})
-        cache = getattr(out, "cache", None) or out.past_key_values
-        nxt = int(out.logits[0, -1].argmax())
-        sync()
-        steps.append((time.perf_counter() - t0) * 1e3)
-    return prefill, steps, first
-
-
-def _timed_sdpa(module, query, key, value, attention_mask, **kwargs):
-    """transformers' own SDPA attention, timed: the dense model's attention alone."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    cuda = query.device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    if cuda:
-        torch.cuda.synchronize()
-    _dense_attention_ms[0] += (time.perf_counter() - t0) * 1e3
-    return out
-
-
-def register_timed_sdpa() -> str:
-    """Registers the timed dense attention (same kernel and masks as "sdpa"); idempotent."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(TIMED_SDPA, _timed_sdpa)
-    AttentionMaskInterface.register(TIMED_SDPA, sdpa_mask)
-    return TIMED_SDPA
-
-
-def run_variant(
-    model: torch.nn.Module,
-    ids: torch.Tensor,
-    new_tokens: int,
-    cfg: SketchWalkConfig | None,
-    all_logits: bool,
-    backend: str | None = None,
-    reselect: int = 1,
-) -> Pass:
-    """cfg None: the model's own SDPA; else Sketch&Walk with no recorder."""
-    if cfg is None:
-        model.set_attn_implementation(register_timed_sdpa())
-        _dense_attention_ms[0] = 0.0
-        pre: list[float] = []
-        try:
-            prefill, steps, first = one_pass(
-                model, ids, new_tokens, all_logits, lambda: pre.append(_dense_attention_ms[0])
-            )
-        finally:
-            model.set_attn_implementation("sdpa")
-        stages = {"prefill_attention": pre[0]}
-        if new_tokens:
-            stages["decode_attention"] = (_dense_attention_ms[0] - pre[0]) / new_tokens
-        return Pass(prefill, steps, stages, first)
-    model.set_attn_implementation(NAME)
-    try:
-        with sketch_walk_session(cfg, kernel_backend=backend, decode_reselect=reselect) as session:
-            pre: dict[str, float] = {}
-            prefill, steps, first = one_pass(
-                model, ids, new_tokens, all_logits, lambda: pre.update(session.timings)
-            )
-            # per-stage totals: prefill, and decode per token
-            stages = {f"prefill_{k}": v for k, v in pre.items()}
-            for k, v in session.timings.items():
-                if new_tokens:
-                    stages[f"decode_{k}"] = (v - pre.get(k, 0.0)) / new_tokens
-    finally:
-        model.set_attn_implementation("sdpa")
-    return Pass(prefill, steps, stages, first)
 
 
 def _med(xs: list[float]) -> float:
