@@ -250,7 +250,14 @@ class Session:
         if g is None or g.source is not sel or g.cur != cur:
             try:
                 g = decode_cache.gather(
-                    k, v, sel.block_index, sel.block_count, self.cfg.block_size, k.shape[2], sel
+                    k,
+                    v,
+                    sel.block_index,
+                    sel.block_count,
+                    self.cfg.block_size,
+                    k.shape[2],
+                    sel,
+                    heads=q.shape[1],
                 )
             except ValueError:
                 st.gathered = None

@@ -9,7 +9,8 @@ tokens, so they are gathered once into a buffer with room for one more block; ea
 current block's tokens (at most one block) behind them and runs one SDPA call: 3 ops.
 
 Applies to one sequence without left padding whose lists have one group or one per KV head
-(`supports`); everything else takes the stateless kernel. Reference: kernels/reference.py (the
+(`supports`; per-group lists of different lengths get a small mask); everything else takes the
+stateless kernel. Reference: kernels/reference.py (the
 tests compare against it).
 """
 
@@ -31,6 +32,7 @@ class GatheredKV:
     cur: int  # the current (partial) key block: its tokens are copied in each step
     block_size: int
     source: object  # the selection object it was built for (identity, not equality)
+    mask: torch.Tensor | None = None  # [1, H, 1, m + b] -inf on padded slots of shorter lists
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, groups: int, seq_start) -> bool:
@@ -46,13 +48,13 @@ def gather(
     block_size: int,
     lk: int,
     source: object = None,
+    heads: int | None = None,
 ) -> GatheredKV:
     """Gather the listed blocks before the current block (lk - 1) // b, once per selection.
 
-    block_index [1, G, 1, K], block_count [1, G, 1]: G is 1 or Hkv (see `supports`). Every group
-    keeps the same number of blocks here (select_blocks gives one budget per row); if they differ
-    the shorter lists are padded with their first block, which would double-count it, so that case
-    is refused.
+    block_index [1, G, 1, K], block_count [1, G, 1]: G is 1 or Hkv (see `supports`). Per-group
+    lists may keep different numbers of blocks (a per-layer budget does that): the shorter ones
+    are padded with masked slots, so then `heads` (query heads) is needed to build the mask.
     """
     b = block_size
     hkv, d = k.shape[1], k.shape[3]
@@ -64,22 +66,31 @@ def gather(
         if not bool((ids == cur).any()):
             raise ValueError("the list leaves out the current block: use the stateless kernel")
         lists.append(ids[ids < cur])  # full blocks before the current one
-    if len({x.numel() for x in lists}) != 1:
-        raise ValueError("per-group lists of different lengths: use the stateless kernel")
-    n_full = lists[0].numel()
+    n_full = max(x.numel() for x in lists)
     m = n_full * b
     kb = k[0, :, : cur * b].reshape(hkv, cur, b * d)
     vb = v[0, :, : cur * b].reshape(hkv, cur, b * d)
-    kbuf = torch.empty(1, hkv, m + b, d, dtype=k.dtype, device=k.device)
-    vbuf = torch.empty_like(kbuf)
+    kbuf = torch.zeros(1, hkv, m + b, d, dtype=k.dtype, device=k.device)
+    vbuf = torch.zeros_like(kbuf)
+    mask = None
     if g == 1:
         kbuf[0, :, :m] = kb.index_select(1, lists[0]).view(hkv, m, d)
         vbuf[0, :, :m] = vb.index_select(1, lists[0]).view(hkv, m, d)
     else:
         for h in range(hkv):
-            kbuf[0, h, :m] = kb[h].index_select(0, lists[h]).view(m, d)
-            vbuf[0, h, :m] = vb[h].index_select(0, lists[h]).view(m, d)
-    return GatheredKV(kbuf, vbuf, m, cur, b, source)
+            mh = lists[h].numel() * b
+            kbuf[0, h, :mh] = kb[h].index_select(0, lists[h]).view(mh, d)
+            vbuf[0, h, :mh] = vb[h].index_select(0, lists[h]).view(mh, d)
+        if len({x.numel() for x in lists}) > 1:
+            if heads is None:
+                raise ValueError("per-group lists of different lengths need the query heads")
+            lens = torch.tensor([x.numel() * b for x in lists], device=k.device)
+            pad = torch.arange(m + b, device=k.device)[None, :] >= lens[:, None]
+            pad &= torch.arange(m + b, device=k.device)[None, :] < m  # current block: live
+            mask = torch.zeros(hkv, m + b, dtype=k.dtype, device=k.device)
+            mask = mask.masked_fill(pad, float("-inf"))
+            mask = mask.repeat_interleave(heads // hkv, dim=0).view(1, heads, 1, m + b)
+    return GatheredKV(kbuf, vbuf, m, cur, b, source, mask)
 
 
 def attend(
@@ -97,6 +108,7 @@ def attend(
     end = gkv.m + t
     gkv.k[:, :, gkv.m : end] = k[:, :, gkv.cur * b : lk]
     gkv.v[:, :, gkv.m : end] = v[:, :, gkv.cur * b : lk]
+    mask = None if gkv.mask is None else gkv.mask[..., :end]
     return F.scaled_dot_product_attention(
-        q, gkv.k[:, :, :end], gkv.v[:, :, :end], scale=scale, enable_gqa=True
+        q, gkv.k[:, :, :end], gkv.v[:, :, :end], attn_mask=mask, scale=scale, enable_gqa=True
     )

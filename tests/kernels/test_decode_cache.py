@@ -23,20 +23,24 @@ def _lists(groups: int, cur: int, density: float, gen: torch.Generator, equal: b
     return index, count
 
 
+@pytest.mark.parametrize("equal", [True, False])
 @pytest.mark.parametrize("block", [16, 32, 64])
 @pytest.mark.parametrize(
     "heads,kv,per_group", [(9, 3, False), (9, 3, True), (4, 4, True), (8, 2, False)]
 )
 @pytest.mark.parametrize("lk0", [1, 200, 333])
-def test_gathered_decode_matches_reference_as_the_block_fills(block, heads, kv, per_group, lk0):
+def test_gathered_decode_matches_reference_as_the_block_fills(
+    block, heads, kv, per_group, lk0, equal
+):
     gen = torch.Generator().manual_seed(block * 1000 + lk0 + heads)
     d = 32
     cur = (lk0 - 1) // block
     end = (cur + 1) * block  # steps until the block is full
     q, k, v = random_qkv(1, heads, kv, 1, end, d, torch.float32, gen)
-    index, count = _lists(kv if per_group else 1, cur, 0.3, gen)
-    g = decode_cache.gather(k[:, :, :lk0], v[:, :, :lk0], index, count, block, lk0)
-    assert g.m == (int(count[0, 0, 0]) - 1) * block
+    index, count = _lists(kv if per_group else 1, cur, 0.3, gen, equal)
+    g = decode_cache.gather(k[:, :, :lk0], v[:, :, :lk0], index, count, block, lk0, heads=heads)
+    assert g.m == (int(count.max()) - 1) * block
+    assert (g.mask is None) == (equal or not per_group or kv == 1 or cur < 2)
     for lk in range(lk0, end + 1, max(1, (end - lk0) // 4)):  # later steps reuse the same gather
         qs = torch.randn(1, heads, 1, d, generator=gen)
         want = block_sparse_attention_reference(qs, k[:, :, :lk], v[:, :, :lk], index, count, block)
@@ -49,7 +53,7 @@ def test_refuses_what_it_cannot_do():
     q, k, v = random_qkv(1, 4, 2, 1, 100, 16, torch.float32, gen)
     index, count = _lists(2, 6, 0.5, gen, equal=False)
     with pytest.raises(ValueError, match="different lengths"):
-        decode_cache.gather(k, v, index, count, 16, 100)
+        decode_cache.gather(k, v, index, count, 16, 100)  # the mask needs the query heads
     no_cur = torch.tensor([[[[0, 1]]]], dtype=torch.int32)
     with pytest.raises(ValueError, match="current block"):
         decode_cache.gather(k, v, no_cur, torch.tensor([[[2]]], dtype=torch.int32), 16, 100)
