@@ -20,6 +20,7 @@ import torch
 
 from sketchwalk.benchmarks.attention import format_table, run_attention_bench
 from sketchwalk.kernels.reference import block_sparse_attention_reference, dense_block_index
+from sketchwalk.kernels.testing import random_block_index
 
 TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
 
@@ -62,28 +63,6 @@ def _versions(dev: torch.device) -> dict:
     return info
 
 
-def _random_lists(bsz, g, lq, lk, b, density, gen, dev):
-    """Sorted lists: sink, diagonal(s) and random causal picks; counts vary per row and batch."""
-    nq, nk = -(-lq // b), -(-lk // b)
-    off = lk - lq
-    idx = torch.zeros(bsz, g, nq, nk, dtype=torch.int32)
-    cnt = torch.zeros(bsz, g, nq, dtype=torch.int32)
-    for bi in range(bsz):
-        for gi in range(g):
-            for i in range(nq):
-                last = (off + min(i * b + b, lq) - 1) // b
-                first = (off + i * b) // b
-                pick = torch.randperm(last + 1, generator=gen)[: max(1, int(density * (last + 1)))]
-                keep = torch.unique(
-                    torch.cat(
-                        [pick, torch.arange(first, last + 1), torch.zeros(1, dtype=torch.long)]
-                    )
-                )
-                idx[bi, gi, i, : keep.numel()] = keep.to(torch.int32)
-                cnt[bi, gi, i] = keep.numel()
-    return idx.to(dev), cnt.to(dev)
-
-
 def check_kernels(dev: torch.device, smoke: bool = False) -> list[dict]:
     from sketchwalk.kernels.triton_dispatch import block_sparse_attention_triton
 
@@ -94,7 +73,7 @@ def check_kernels(dev: torch.device, smoke: bool = False) -> list[dict]:
     )
     for case in SMOKE_CASES if smoke else CASES:
         bsz, h, hkv, lq, lk, d, b, g, pad = case
-        idx, cnt = _random_lists(bsz, g, lq, lk, b, 0.3, gen, dev)
+        idx, cnt = (x.to(dev) for x in random_block_index(bsz, g, lq, lk, b, 0.3, gen))
         starts = torch.tensor([0, 333, 17, 64][:bsz], device=dev) if pad else None
         for dt in dtypes:
             q = torch.randn(bsz, h, lq, d, generator=gen).to(dev, dt)

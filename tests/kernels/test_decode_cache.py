@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_inputs import random_qkv
 
 from sketchwalk.kernels import block_sparse_attention_reference, decode_cache
+from sketchwalk.kernels.testing import random_qkv
 
 
 def _lists(groups: int, cur: int, density: float, gen: torch.Generator, equal: bool = True):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_inputs import patterned_block_index, random_qkv, rel_err
 
 from sketchwalk.kernels import block_sparse_attention, choose_backend
 from sketchwalk.kernels.reference import block_sparse_attention_reference
+from sketchwalk.kernels.testing import patterned_block_index, random_qkv, rel_err
 
 
 def test_choice(monkeypatch):

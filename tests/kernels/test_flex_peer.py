@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_inputs import random_block_index, random_qkv
 
 from sketchwalk.benchmarks.flex import block_mask
 from sketchwalk.kernels import block_sparse_attention_reference
+from sketchwalk.kernels.testing import random_block_index, random_qkv
 
 
 @pytest.mark.parametrize(
