@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rules", type=int, nargs="+", default=[1, 0, 8])
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--density", type=float, default=0.2)
-    ap.add_argument("--retrieval-length", type=int, default=2048)
+    ap.add_argument("--retrieval-length", type=int, default=2048, help="0: no retrieval items")
     args = ap.parse_args(argv)
     lm = load_model()
     cfg = SketchWalkConfig(density=args.density)
@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
         row = compare(lm.model, prompt_ids(lm.tokenizer, text, n), cfg, args.rules, args.new_tokens)
         print(json.dumps({"text": "GPL-3", "tokens": n, "block": cfg.block_size, **row}))
         sys.stdout.flush()
+    if not args.retrieval_length:
+        return
     items = make_items(lm.tokenizer, lengths=(args.retrieval_length,))
     totals = {r: 0 for r in ["dense", *args.rules]}
     for item in items:

@@ -353,11 +353,13 @@ def decode_absorb(
     lk: int,
     cfg: SketchWalkConfig,
     srht: SRHT,
-    key_valid: torch.Tensor,
+    key_valid: torch.Tensor | None,
 ) -> torch.Tensor:
     """Add one decode token to the sketched sums and the query window; its A_l row goes stale.
 
     Mutates st in place (it belongs to this sequence); returns the sketched query [B, H, 1, r].
+    key_valid None: every key is real (no padding), so the token is added without weighting
+    (x * 1.0 == x: the same sums, fewer ops).
     """
     b = cfg.block_size
     cur = (lk - 1) // b
@@ -365,14 +367,22 @@ def decode_absorb(
         refresh_rows(st, q.shape[-1], cfg, st.a.shape[-1] - 1)
     _grow_state(st, cur + 1)
     sk = st.sketched
-    new_valid = key_valid[:, -1:].float()  # [B, 1]
     qs, ks = srht(q), srht(k_new)  # [B,H,1,r], [B,Hkv,1,r]
-    sk.q_sum[:, :, cur] += qs[:, :, 0] * new_valid[:, :, None]
-    sk.k_sum[:, :, cur] += ks[:, :, 0] * new_valid[:, :, None]
-    sk.q_count[:, cur] += new_valid[:, 0]
-    sk.k_count[:, cur] += new_valid[:, 0]
-    if sk.k_sq is not None:
-        sk.k_sq[:, :, cur] += ks[:, :, 0] ** 2 * new_valid[:, :, None]
+    if key_valid is None:
+        sk.q_sum[:, :, cur] += qs[:, :, 0]
+        sk.k_sum[:, :, cur] += ks[:, :, 0]
+        sk.q_count[:, cur] += 1.0
+        sk.k_count[:, cur] += 1.0
+        if sk.k_sq is not None:
+            sk.k_sq[:, :, cur] += ks[:, :, 0] ** 2
+    else:
+        new_valid = key_valid[:, -1:].float()  # [B, 1]
+        sk.q_sum[:, :, cur] += qs[:, :, 0] * new_valid[:, :, None]
+        sk.k_sum[:, :, cur] += ks[:, :, 0] * new_valid[:, :, None]
+        sk.q_count[:, cur] += new_valid[:, 0]
+        sk.k_count[:, cur] += new_valid[:, 0]
+        if sk.k_sq is not None:
+            sk.k_sq[:, :, cur] += ks[:, :, 0] ** 2 * new_valid[:, :, None]
     keep = max(st.window.shape[2] - cfg.query_window + 1, 0)  # never copy more than the window
     st.window = torch.cat([st.window[:, :, keep:], qs], dim=2)
     st.stale_from = cur if st.stale_from is None else min(st.stale_from, cur)

@@ -53,6 +53,7 @@ class Session:
     decode_states: dict[int, DecodeLayerState] = field(default_factory=dict)
     srhts: dict[tuple[int, int, str], SRHT] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    _ones: torch.Tensor | None = None  # the all-valid key mask of the current length
     # kept (row, block) pairs and all causal pairs, per phase, over sparse layers / all layers
     counts: dict[str, list[int]] = field(default_factory=dict)
 
@@ -83,6 +84,16 @@ class Session:
         c[2] += kept
         c[3] += cand
 
+    def _key_validity(self, mask, bsz: int, lk: int, device: torch.device) -> torch.Tensor:
+        """key_validity, but without a mask the all-true [B, Lk] is built once per step, not
+        once per layer (a decode step is bound by the number of small ops)."""
+        if mask is not None:
+            return key_validity(mask, bsz, lk, device)
+        c = self._ones
+        if c is None or c.shape != (bsz, lk) or c.device != device:
+            c = self._ones = torch.ones(bsz, lk, dtype=torch.bool, device=device)
+        return c
+
     def _time(self, stage: str, ms: float) -> None:
         self.timings[stage] = self.timings.get(stage, 0.0) + ms
 
@@ -100,7 +111,7 @@ class Session:
         phase = "prefill" if lq > 1 else "decode"
         if self.progress is not None:
             self.progress(phase, self.step, layer)
-        key_valid = key_validity(mask, bsz, lk, q.device)
+        key_valid = self._key_validity(mask, bsz, lk, q.device)
         if lq == lk:
             return self._prefill(layer, q, k, v, mask, key_valid, scale)
         if lq == 1 and layer in self.decode_states:
@@ -182,7 +193,9 @@ class Session:
             exact = exact_block_mass(q, k, scale, cfg.block_size, key_valid, cfg.groups(k.shape[1]))
         srht = self.srht(layer, q.shape[-1], q.device)
         if reusable(st, k.shape[2], cfg, self.decode_reselect):
-            plan = decode_reuse(st, q, k[:, :, -1:], k.shape[2], cfg, srht, key_valid)
+            plan = decode_reuse(
+                st, q, k[:, :, -1:], k.shape[2], cfg, srht, None if mask is None else key_valid
+            )
             self.decode_reused += 1
         else:
             plan = decode_step(
@@ -196,7 +209,8 @@ class Session:
         self, phase, layer, plan: Plan, q, k, v, mask, key_valid, scale, record: bool = True
     ) -> torch.Tensor:
         sel = plan.selection
-        seq_start = None if bool(key_valid.all()) else key_valid.float().argmax(dim=1)
+        all_valid = mask is None or bool(key_valid.all())  # no mask: no padding, no sync
+        seq_start = None if all_valid else key_valid.float().argmax(dim=1)
         t0 = _now(q)
         out = None
         if phase == "decode" and self.decode_reselect != 1:
