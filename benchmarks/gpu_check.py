@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", default="llama3-8b")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--no-flex", action="store_true", help="leave out the FlexAttention column")
     ap.add_argument("--device", default="cuda", help="cpu only with TRITON_INTERPRET=1 (smoke)")
     ap.add_argument("--smoke", action="store_true", help="tiny cases, fp16: tests the script")
     args = ap.parse_args(argv)
@@ -129,9 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     checks = [] if args.skip_check else check_kernels(dev, args.smoke)
     report["checks"] = checks
     dtype = "fp16" if args.smoke else "bf16"  # the interpreter has no bf16
+    from sketchwalk.benchmarks.flex import flex_available
+
+    flex = flex_available() and not args.smoke and not args.no_flex  # compiling is slow on CPU
     rows = run_attention_bench(
-        dev, args.prefill, args.density, [args.shape], args.repeats, "triton", dtype, ("prefill",)
-    )
+        dev, args.prefill, args.density, [args.shape], args.repeats, "triton", dtype, ("prefill",),
+        flex=flex,
+    )  # fmt: skip
     rows += run_attention_bench(
         dev, args.decode, args.density, [args.shape], max(args.repeats, 10), "triton", dtype,
         ("decode",),
