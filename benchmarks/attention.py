@@ -247,8 +247,9 @@ def bench_decode(
         cfg = SketchWalkConfig(density=density)
         b = block_size or cfg.block_size
         n = -(-seq_len // b)
-        sink = math.ceil(cfg.sink * seq_len / b)
-        window = math.ceil(cfg.window * seq_len / b)
+        # the config's sink and window with their block floors; the current block always
+        sink = max(math.ceil(cfg.sink * seq_len / b), getattr(cfg, "sink_blocks", 0))
+        window = max(math.ceil(cfg.window * seq_len / b), getattr(cfg, "window_blocks", 0)) + 1
         idx, cnt = decode_block_list(n, density, sink, window, device)
 
         def sparse(idx=idx, cnt=cnt, b=b) -> tuple[float, float]:
