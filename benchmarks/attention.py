@@ -82,22 +82,31 @@ def _median_pairs(
     sparse: Callable[[], tuple[float, float]],
     repeats: int,
     device: torch.device,
-) -> tuple[float, float, float]:
-    """(dense_ms, overhead_ms, kernel_ms) medians; one warm-up each, order alternating."""
+    peer: Callable[[], object] | None = None,
+) -> tuple[float, float, float, float | None]:
+    """(dense_ms, overhead_ms, kernel_ms, peer_ms) medians; one warm-up each, order rotating.
+
+    peer: a third contender (FlexAttention on the same lists), timed in the same rotation.
+    """
     dense()
     sparse()
-    d_ms, o_ms, k_ms = [], [], []
+    if peer is not None:
+        peer()
+    d_ms, o_ms, k_ms, p_ms = [], [], [], []
     for r in range(repeats):
-        if r % 2:
-            o, k = sparse()
-            d = _timed(dense, device)[1]
-        else:
-            d = _timed(dense, device)[1]
-            o, k = sparse()
-        d_ms.append(d)
-        o_ms.append(o)
-        k_ms.append(k)
-    return statistics.median(d_ms), statistics.median(o_ms), statistics.median(k_ms)
+        order = ["dense", "sparse", "peer"] if peer is not None else ["dense", "sparse"]
+        order = order[r % len(order) :] + order[: r % len(order)]
+        for which in order:
+            if which == "dense":
+                d_ms.append(_timed(dense, device)[1])
+            elif which == "sparse":
+                o, k = sparse()
+                o_ms.append(o)
+                k_ms.append(k)
+            else:
+                p_ms.append(_timed(peer, device)[1])
+    med = statistics.median
+    return med(d_ms), med(o_ms), med(k_ms), (med(p_ms) if p_ms else None)
 
 
 def _row(base: dict, dense_ms: float, overhead_ms: float, kernel_ms: float) -> dict:
@@ -122,6 +131,8 @@ def bench_prefill(
     repeats: int,
     backend: str | None,
     progress: Callable[[], None] | None = None,
+    flex: bool = False,
+    block_size: int | None = None,
 ) -> list[dict]:
     from sketchwalk.engine.config import SketchWalkConfig
     from sketchwalk.engine.pipeline import prefill_selection
@@ -144,6 +155,8 @@ def bench_prefill(
     rows = []
     for density in densities:
         cfg = SketchWalkConfig(density=density)
+        if block_size is not None:
+            cfg = cfg.with_(block_size=block_size)
         state: dict = {}
 
         def sparse(cfg=cfg, state=state) -> tuple[float, float]:
@@ -157,7 +170,10 @@ def bench_prefill(
         def dense() -> object:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
-        d_ms, o_ms, k_ms = _median_pairs(dense, sparse, repeats, device)
+        peer, flex_extra = None, {}
+        if flex:
+            peer, flex_extra = _flex_peer(q, k, v, cfg, backend, device)
+        d_ms, o_ms, k_ms, p_ms = _median_pairs(dense, sparse, repeats, device, peer)
         base = {
             "phase": "prefill",
             "shape": shape.name,
@@ -165,10 +181,15 @@ def bench_prefill(
             "device": device.type,
             "backend": which,
             "seq_len": seq_len,
+            "block_size": cfg.block_size,
             "density": density,
             "achieved_density": round(state["sel"].density, 4),
         }
         row = _row(base, d_ms, o_ms, k_ms)
+        if p_ms is not None:
+            row["flex_ms"] = round(p_ms, 3)
+            row["flex_speedup"] = round(d_ms / p_ms, 3)
+            row.update(flex_extra)
         if fa_ms is not None:
             row["fa2_ms"] = round(fa_ms, 3)
             row["fa2_speedup"] = round(fa_ms / row["sparse_ms"], 3)
@@ -176,6 +197,29 @@ def bench_prefill(
         if progress:
             progress()
     return rows
+
+
+def _flex_peer(q, k, v, cfg, backend, device) -> tuple[Callable[[], object], dict]:
+    """FlexAttention on the lists our kernel runs (selection made once, outside the timing);
+    returns the call and its agreement with our output and its BlockMask build time."""
+    from sketchwalk.benchmarks import flex
+    from sketchwalk.engine.pipeline import prefill_selection
+
+    sel = prefill_selection(q, k, cfg, 5)
+    t = q.shape[2]
+    mask, mask_ms = _timed(
+        lambda: flex.block_mask(sel.block_index, sel.block_count, cfg.block_size, q.shape[1], t, t),
+        device,
+    )
+    ours = block_sparse_attention(
+        q, k, v, sel.block_index, sel.block_count, cfg.block_size, backend=backend
+    )
+    theirs = flex.flex_attend(q, k, v, mask)  # compiles on first use
+    diff = float((ours.float() - theirs.float()).abs().max())
+    return (lambda: flex.flex_attend(q, k, v, mask)), {
+        "flex_mask_ms": round(mask_ms, 3),
+        "flex_max_diff": diff,
+    }
 
 
 def bench_decode(
@@ -187,6 +231,7 @@ def bench_decode(
     repeats: int,
     backend: str | None,
     progress: Callable[[], None] | None = None,
+    block_size: int | None = None,
 ) -> list[dict]:
     """One query against a seq_len cache; the list comes from decode_block_list (no selection cost)."""
     from sketchwalk.engine.config import SketchWalkConfig
@@ -200,10 +245,11 @@ def bench_decode(
     rows = []
     for density in densities:
         cfg = SketchWalkConfig(density=density)
-        b = cfg.block_size
+        b = block_size or cfg.block_size
         n = -(-seq_len // b)
-        sink = math.ceil(cfg.sink * seq_len / b)
-        window = math.ceil(cfg.window * seq_len / b)
+        # the config's sink and window with their block floors; the current block always
+        sink = max(math.ceil(cfg.sink * seq_len / b), getattr(cfg, "sink_blocks", 0))
+        window = max(math.ceil(cfg.window * seq_len / b), getattr(cfg, "window_blocks", 0)) + 1
         idx, cnt = decode_block_list(n, density, sink, window, device)
 
         def sparse(idx=idx, cnt=cnt, b=b) -> tuple[float, float]:
@@ -213,7 +259,14 @@ def bench_decode(
         def dense() -> object:
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
-        d_ms, o_ms, k_ms = _median_pairs(dense, sparse, max(repeats, 5), device)
+        kept = None
+        if device.type == "cpu" and bool((idx == n - 1).any()):
+            # a selection kept across steps (bench model --decode-reselect): gathered once
+            from sketchwalk.kernels import decode_cache
+
+            g = decode_cache.gather(k, v, idx, cnt, b, seq_len)
+            kept = lambda g=g: decode_cache.attend(g, q, k, v, shape.head_dim**-0.5)  # noqa: E731
+        d_ms, o_ms, k_ms, kept_ms = _median_pairs(dense, sparse, max(repeats, 5), device, kept)
         base = {
             "phase": "decode",
             "shape": shape.name,
@@ -221,10 +274,15 @@ def bench_decode(
             "device": device.type,
             "backend": which,
             "seq_len": seq_len,
+            "block_size": b,
             "density": density,
             "achieved_density": round(int(cnt.sum()) / n, 4),
         }
-        rows.append(_row(base, d_ms, o_ms, k_ms))
+        row = _row(base, d_ms, o_ms, k_ms)
+        if kept_ms is not None:
+            row["kept_ms"] = round(kept_ms, 3)
+            row["kept_speedup"] = round(d_ms / kept_ms, 3)
+        rows.append(row)
         if progress:
             progress()
     return rows
@@ -240,6 +298,8 @@ def run_attention_bench(
     dtype: str = "fp32",
     phases: Iterable[str] = ("prefill",),
     progress: Callable[[], None] | None = None,
+    flex: bool = False,
+    block_size: int | None = None,
 ) -> list[dict]:
     """Rows of dense vs sparse timings, one per (phase, shape, seq_len, density)."""
     dev = torch.device(device)
@@ -251,10 +311,12 @@ def run_attention_bench(
         for seq_len in seq_lens:
             if "prefill" in phases:
                 rows += bench_prefill(
-                    shape, seq_len, densities, dt, dev, repeats, backend, progress
+                    shape, seq_len, densities, dt, dev, repeats, backend, progress, flex, block_size
                 )
             if "decode" in phases:
-                rows += bench_decode(shape, seq_len, densities, dt, dev, repeats, backend, progress)
+                rows += bench_decode(
+                    shape, seq_len, densities, dt, dev, repeats, backend, progress, block_size
+                )
     return rows
 
 
@@ -264,6 +326,7 @@ COLUMNS = [
     ("dtype", "{}"),
     ("backend", "{}"),
     ("seq_len", "{}"),
+    ("block_size", "{}"),
     ("density", "{:.2f}"),
     ("achieved_density", "{:.3f}"),
     ("dense_ms", "{:.1f}"),
@@ -271,6 +334,11 @@ COLUMNS = [
     ("kernel_ms", "{:.1f}"),
     ("sparse_ms", "{:.1f}"),
     ("speedup", "{:.2f}x"),
+    ("kept_ms", "{:.1f}"),
+    ("kept_speedup", "{:.2f}x"),
+    ("flex_ms", "{:.1f}"),
+    ("flex_speedup", "{:.2f}x"),
+    ("flex_max_diff", "{:.1e}"),
     ("fa2_ms", "{:.1f}"),
     ("fa2_speedup", "{:.2f}x"),
 ]

@@ -20,6 +20,7 @@ import torch
 
 from sketchwalk.benchmarks.attention import format_table, run_attention_bench
 from sketchwalk.kernels.reference import block_sparse_attention_reference, dense_block_index
+from sketchwalk.kernels.testing import random_block_index
 
 TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
 
@@ -62,28 +63,6 @@ def _versions(dev: torch.device) -> dict:
     return info
 
 
-def _random_lists(bsz, g, lq, lk, b, density, gen, dev):
-    """Sorted lists: sink, diagonal(s) and random causal picks; counts vary per row and batch."""
-    nq, nk = -(-lq // b), -(-lk // b)
-    off = lk - lq
-    idx = torch.zeros(bsz, g, nq, nk, dtype=torch.int32)
-    cnt = torch.zeros(bsz, g, nq, dtype=torch.int32)
-    for bi in range(bsz):
-        for gi in range(g):
-            for i in range(nq):
-                last = (off + min(i * b + b, lq) - 1) // b
-                first = (off + i * b) // b
-                pick = torch.randperm(last + 1, generator=gen)[: max(1, int(density * (last + 1)))]
-                keep = torch.unique(
-                    torch.cat(
-                        [pick, torch.arange(first, last + 1), torch.zeros(1, dtype=torch.long)]
-                    )
-                )
-                idx[bi, gi, i, : keep.numel()] = keep.to(torch.int32)
-                cnt[bi, gi, i] = keep.numel()
-    return idx.to(dev), cnt.to(dev)
-
-
 def check_kernels(dev: torch.device, smoke: bool = False) -> list[dict]:
     from sketchwalk.kernels.triton_dispatch import block_sparse_attention_triton
 
@@ -94,7 +73,7 @@ def check_kernels(dev: torch.device, smoke: bool = False) -> list[dict]:
     )
     for case in SMOKE_CASES if smoke else CASES:
         bsz, h, hkv, lq, lk, d, b, g, pad = case
-        idx, cnt = _random_lists(bsz, g, lq, lk, b, 0.3, gen, dev)
+        idx, cnt = (x.to(dev) for x in random_block_index(bsz, g, lq, lk, b, 0.3, gen))
         starts = torch.tensor([0, 333, 17, 64][:bsz], device=dev) if pad else None
         for dt in dtypes:
             q = torch.randn(bsz, h, lq, d, generator=gen).to(dev, dt)
@@ -130,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", default="llama3-8b")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--no-flex", action="store_true", help="leave out the FlexAttention column")
     ap.add_argument("--device", default="cuda", help="cpu only with TRITON_INTERPRET=1 (smoke)")
     ap.add_argument("--smoke", action="store_true", help="tiny cases, fp16: tests the script")
     args = ap.parse_args(argv)
@@ -150,9 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     checks = [] if args.skip_check else check_kernels(dev, args.smoke)
     report["checks"] = checks
     dtype = "fp16" if args.smoke else "bf16"  # the interpreter has no bf16
+    from sketchwalk.benchmarks.flex import flex_available
+
+    flex = flex_available() and not args.smoke and not args.no_flex  # compiling is slow on CPU
     rows = run_attention_bench(
-        dev, args.prefill, args.density, [args.shape], args.repeats, "triton", dtype, ("prefill",)
-    )
+        dev, args.prefill, args.density, [args.shape], args.repeats, "triton", dtype, ("prefill",),
+        flex=flex,
+    )  # fmt: skip
     rows += run_attention_bench(
         dev, args.decode, args.density, [args.shape], max(args.repeats, 10), "triton", dtype,
         ("decode",),

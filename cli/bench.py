@@ -10,6 +10,8 @@ import sys
 
 from sketchwalk.errors import SketchWalkError
 
+DEFAULT_TEXT = "/usr/share/common-licenses/GPL-3"
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from sketchwalk.benchmarks.attention import DTYPES, SHAPES
@@ -37,8 +39,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--backend", default=None, choices=["cpu", "triton", "reference"], help="kernel backend"
     )
+    p.add_argument(
+        "--flex",
+        action="store_true",
+        help="prefill: also time PyTorch FlexAttention on the same lists (compiles, 10-20 s)",
+    )
+    p.add_argument("--block-size", type=int, default=None, metavar="B", help="default: config's")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.set_defaults(func=run_attention)
+
+    m = what.add_parser(
+        "model",
+        help="whole-model prefill and decode: dense SDPA vs Sketch&Walk (no recording)",
+        description=(
+            "Runs the real model on a real prompt (the first N tokens of a text file), dense and "
+            "sparse interleaved in one process, and prints medians of prefill and per-token "
+            "decode times with their ratios. Prefill keeps the last position's logits only, as "
+            "model.generate does (--all-logits: every position's, as `sketchwalk run` does)."
+        ),
+    )
+    m.add_argument("--model", default=None, help="HF id or local folder (default: SmolLM2-135M)")
+    m.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    m.add_argument("--device", default="cpu")
+    m.add_argument("--seq-len", type=int, nargs="+", default=[2048, 4096, 7376], metavar="N")
+    m.add_argument("--density", type=float, default=0.2, metavar="RHO")
+    m.add_argument("--block-size", type=int, default=None, metavar="B", help="default: config's")
+    m.add_argument("--new-tokens", type=int, default=8, metavar="N", help="decode steps timed")
+    m.add_argument("--repeats", type=int, default=3, metavar="N")
+    m.add_argument("--prompt-file", default=str(DEFAULT_TEXT), metavar="FILE")
+    m.add_argument("--all-logits", action="store_true", help="prefill computes every logit")
+    m.add_argument(
+        "--decode-reselect",
+        type=int,
+        default=1,
+        metavar="K",
+        help="decode re-selects every K tokens (1: every token; 0: when a key block starts)",
+    )
+    m.add_argument(
+        "--backend", default=None, choices=["cpu", "triton", "reference"], help="kernel backend"
+    )
+    m.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    m.set_defaults(func=run_model)
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -50,6 +91,14 @@ def _validate(args: argparse.Namespace) -> None:
             raise SketchWalkError(f"sequence length must be at least 1, got {n}")
     if args.repeats < 1:
         raise SketchWalkError(f"repeats must be at least 1, got {args.repeats}")
+    b = args.block_size
+    if b is not None and (b < 1 or b & (b - 1)):
+        raise SketchWalkError(f"block size must be a positive power of two, got {b}")
+    if args.flex:
+        from sketchwalk.benchmarks.flex import flex_available
+
+        if not flex_available():
+            raise SketchWalkError("--flex needs torch.nn.attention.flex_attention (torch >= 2.5)")
     if args.device == "cuda":
         import torch
 
@@ -82,6 +131,74 @@ def run_attention(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             phases=phases,
             progress=lambda: bar.update(1),
+            flex=args.flex,
+            block_size=args.block_size,
         )
+    print(json.dumps(rows, indent=1) if args.json else format_table(rows))
+    return 0
+
+
+def _validate_model(args: argparse.Namespace) -> str:
+    """Checks what can be checked before loading the model; returns the prompt text."""
+    if not (0.0 < args.density <= 1.0) or math.isnan(args.density):
+        raise SketchWalkError(f"density must be in (0, 1], got {args.density}")
+    if args.repeats < 1:
+        raise SketchWalkError(f"repeats must be at least 1, got {args.repeats}")
+    if args.decode_reselect < 0:
+        raise SketchWalkError(f"decode reselect must be >= 0, got {args.decode_reselect}")
+    if args.new_tokens < 0:
+        raise SketchWalkError(f"new tokens must be >= 0, got {args.new_tokens}")
+    for n in args.seq_len:
+        if n < 1:
+            raise SketchWalkError(f"sequence length must be at least 1, got {n}")
+    try:
+        with open(args.prompt_file, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SketchWalkError(f"cannot read prompt file {args.prompt_file}: {exc}") from exc
+    if not text.strip():
+        raise SketchWalkError(f"prompt file {args.prompt_file} is empty")
+    return text
+
+
+def run_model(args: argparse.Namespace) -> int:
+    text = _validate_model(args)
+    from tqdm import tqdm
+
+    from sketchwalk.benchmarks.model import format_table, run_model_bench
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.models import load_model
+
+    changes = {"density": args.density}
+    if args.block_size is not None:
+        changes["block_size"] = args.block_size
+    cfg = SketchWalkConfig().with_(**changes)  # ConfigError is one line
+    lm = load_model(args.model, args.dtype, args.device)
+    for n in args.seq_len:
+        if n + args.new_tokens > lm.max_context:
+            raise SketchWalkError(
+                f"{n} tokens + {args.new_tokens} new exceed {lm.model_id}'s context "
+                f"of {lm.max_context} tokens"
+            )
+        if n < cfg.block_size:
+            raise SketchWalkError(f"{n} tokens is shorter than one block ({cfg.block_size})")
+    total = len(args.seq_len) * args.repeats * 2
+    with tqdm(total=total, desc="bench model", unit="pass", file=sys.stderr) as bar:
+        rows = run_model_bench(
+            lm.model,
+            lm.tokenizer,
+            text,
+            args.seq_len,
+            cfg,
+            new_tokens=args.new_tokens,
+            repeats=args.repeats,
+            all_logits=args.all_logits,
+            backend=args.backend,
+            progress=lambda: bar.update(1),
+            reselect=args.decode_reselect,
+        )
+    for r in rows:
+        r["model"] = lm.model_id
+        r["dtype"] = args.dtype
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0

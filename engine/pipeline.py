@@ -235,11 +235,21 @@ def prefill_selection(
 
 @dataclass
 class DecodeLayerState:
-    """Per-layer decode state: A_l grown token by token, sketched block sums, the query window."""
+    """Per-layer decode state: A_l grown token by token, sketched block sums, the query window.
+
+    Rows of A_l are a function of the block sums, so a step that reuses its selection only adds
+    the token to the sums (decode_absorb) and marks its row stale; the next selection recomputes
+    the stale rows first (refresh_rows), so it sees exactly the state an every-step update gives.
+    """
 
     a: torch.Tensor  # [B, G, n, n]
     sketched: SketchedBlocks
     window: torch.Tensor  # [B, H, w, r] sketched recent queries
+    stale_from: int | None = None  # first row of a not yet recomputed from the sums
+    selection: BlockSelection | None = None  # the last decode selection ...
+    selected_block: int = -1  # ... made while this key block was the current one ...
+    steps_since: int = 0  # ... this many tokens ago
+    gathered: object | None = None  # its K/V gathered by the kernel (kernels/decode_cache.py)
 
 
 def start_decode(
@@ -300,6 +310,8 @@ def chunk_step(
     new_valid = key_valid[:, t0:]
 
     def update() -> tuple[torch.Tensor, torch.Tensor]:
+        refresh_rows(st, d, cfg, st.a.shape[-2] - 1)  # rows left stale by reused decode steps
+        st.selection = None  # the next decode step selects afresh
         _grow_state(st, n)
         sk = st.sketched
         qs = srht(q)  # sketch then pool: the sketch is linear
@@ -334,6 +346,59 @@ def chunk_step(
     return Plan(a_rows, w_rows, sel, None, None, timer.ms)
 
 
+def decode_absorb(
+    st: DecodeLayerState,
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    lk: int,
+    cfg: SketchWalkConfig,
+    srht: SRHT,
+    key_valid: torch.Tensor | None,
+) -> torch.Tensor:
+    """Add one decode token to the sketched sums and the query window; its A_l row goes stale.
+
+    Mutates st in place (it belongs to this sequence); returns the sketched query [B, H, 1, r].
+    key_valid None: every key is real (no padding), so the token is added without weighting
+    (x * 1.0 == x: the same sums, fewer ops).
+    """
+    b = cfg.block_size
+    cur = (lk - 1) // b
+    if cur >= st.a.shape[-1]:  # a key block starts: finish stale rows at their final width
+        refresh_rows(st, q.shape[-1], cfg, st.a.shape[-1] - 1)
+    _grow_state(st, cur + 1)
+    sk = st.sketched
+    qs, ks = srht(q), srht(k_new)  # [B,H,1,r], [B,Hkv,1,r]
+    if key_valid is None:
+        sk.q_sum[:, :, cur] += qs[:, :, 0]
+        sk.k_sum[:, :, cur] += ks[:, :, 0]
+        sk.q_count[:, cur] += 1.0
+        sk.k_count[:, cur] += 1.0
+        if sk.k_sq is not None:
+            sk.k_sq[:, :, cur] += ks[:, :, 0] ** 2
+    else:
+        new_valid = key_valid[:, -1:].float()  # [B, 1]
+        sk.q_sum[:, :, cur] += qs[:, :, 0] * new_valid[:, :, None]
+        sk.k_sum[:, :, cur] += ks[:, :, 0] * new_valid[:, :, None]
+        sk.q_count[:, cur] += new_valid[:, 0]
+        sk.k_count[:, cur] += new_valid[:, 0]
+        if sk.k_sq is not None:
+            sk.k_sq[:, :, cur] += ks[:, :, 0] ** 2 * new_valid[:, :, None]
+    keep = max(st.window.shape[2] - cfg.query_window + 1, 0)  # never copy more than the window
+    st.window = torch.cat([st.window[:, :, keep:], qs], dim=2)
+    st.stale_from = cur if st.stale_from is None else min(st.stale_from, cur)
+    return qs
+
+
+def refresh_rows(st: DecodeLayerState, d: int, cfg: SketchWalkConfig, cur: int) -> None:
+    """Recompute the stale rows of A_l (up to the current block) from the block sums."""
+    if st.stale_from is None:
+        return
+    for row in range(st.stale_from, cur + 1):  # one at a time: bit-equal to per-step updates
+        rows = torch.tensor([row], device=st.a.device)
+        st.a[:, :, row] = transition(st.sketched, rows, d, cfg)[:, :, 0]  # running average
+    st.stale_from = None
+
+
 def decode_step(
     st: DecodeLayerState,
     q: torch.Tensor,
@@ -359,19 +424,9 @@ def decode_step(
 
     def update() -> torch.Tensor:
         """Mutates st in place (it belongs to this sequence) and returns the row estimate r."""
-        _grow_state(st, n)
+        decode_absorb(st, q, k_new, lk, cfg, srht, key_valid)
+        refresh_rows(st, d, cfg, cur)
         sk = st.sketched
-        new_valid = key_valid[:, -1].float()
-        qs, ks = srht(q), srht(k_new)  # [B,H,1,r], [B,Hkv,1,r]
-        sk.q_sum[:, :, cur] += qs[:, :, 0] * new_valid[:, None, None]
-        sk.k_sum[:, :, cur] += ks[:, :, 0] * new_valid[:, None, None]
-        sk.q_count[:, cur] += new_valid
-        sk.k_count[:, cur] += new_valid
-        if sk.k_sq is not None:
-            sk.k_sq[:, :, cur] += ks[:, :, 0] ** 2 * new_valid[:, None, None]
-        row = transition(sk, torch.tensor([cur], device=q.device), d, cfg)  # running-average row
-        st.a[:, :, cur, :] = row[:, :, 0, :]
-        st.window = torch.cat([st.window, qs], dim=2)[:, :, -cfg.query_window :]
         if cfg.estimator == "query":
             km, kvar = key_summary(sk.k_sum, sk.k_sq, sk.k_count)
             logits = token_block_logits(st.window, km, kvar, sk.k_count, d, cfg.tau)
@@ -393,4 +448,33 @@ def decode_step(
         return choose_blocks(cfg, method_scores(cfg, x), rows, start, end, n, tail=False)
 
     sel = timer.run("select", choose)
+    st.selection, st.selected_block, st.steps_since = sel, cur, 0
     return Plan(r, s, sel, None, exact, timer.ms)
+
+
+def reusable(st: DecodeLayerState, lk: int, cfg: SketchWalkConfig, every: int) -> bool:
+    """May this step reuse the layer's last selection? every: re-select at least every that many
+    tokens (1: every token, the exact rule; 0: only when a new key block starts). A selection is
+    only reused within the key block it was made in (its window holds that block) and only for
+    methods that score from the sketch state alone."""
+    if every == 1 or st.selection is None or not cfg.method_spec.chunks:
+        return False
+    if (lk - 1) // cfg.block_size != st.selected_block:
+        return False
+    return every == 0 or st.steps_since + 1 < every
+
+
+def decode_reuse(
+    st: DecodeLayerState,
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    lk: int,
+    cfg: SketchWalkConfig,
+    srht: SRHT,
+    key_valid: torch.Tensor,
+) -> Plan:
+    """A decode step that keeps the layer's last selection: the token only joins the sums."""
+    timer = StageTimer(q.device)
+    timer.run("sketch", lambda: decode_absorb(st, q, k_new, lk, cfg, srht, key_valid))
+    st.steps_since += 1
+    return Plan(None, None, st.selection, None, None, timer.ms)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sketchwalk.kernels import block_sparse_attention
+from sketchwalk.kernels import block_sparse_attention, choose_backend, decode_cache
 
 from .blockstats import exact_block_mass
 from .config import SketchWalkConfig
@@ -25,8 +25,10 @@ from .pipeline import (
     DecodeLayerState,
     Plan,
     chunk_step,
+    decode_reuse,
     decode_step,
     prefill_plan,
+    reusable,
     start_decode,
 )
 from .recorder import Recorder
@@ -41,12 +43,17 @@ class Session:
     recorder: Recorder | None = None
     progress: ProgressFn | None = None
     kernel_backend: str | None = None
+    # decode re-selects at least every this many tokens (1: every token; 0: when a key block
+    # starts); between, a layer keeps its last selection (see pipeline.reusable)
+    decode_reselect: int = 1
+    decode_reused: int = 0  # (layer, step) decode pairs that kept their last selection
     step: int = 0
     walk_prev: torch.Tensor | None = None
     chunk_walk: torch.Tensor | None = None  # the current chunk's rows of the previous layer's walk
     decode_states: dict[int, DecodeLayerState] = field(default_factory=dict)
     srhts: dict[tuple[int, int, str], SRHT] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    _ones: torch.Tensor | None = None  # the all-valid key mask of the current length
     # kept (row, block) pairs and all causal pairs, per phase, over sparse layers / all layers
     counts: dict[str, list[int]] = field(default_factory=dict)
 
@@ -77,6 +84,16 @@ class Session:
         c[2] += kept
         c[3] += cand
 
+    def _key_validity(self, mask, bsz: int, lk: int, device: torch.device) -> torch.Tensor:
+        """key_validity, but without a mask the all-true [B, Lk] is built once per step, not
+        once per layer (a decode step is bound by the number of small ops)."""
+        if mask is not None:
+            return key_validity(mask, bsz, lk, device)
+        c = self._ones
+        if c is None or c.shape != (bsz, lk) or c.device != device:
+            c = self._ones = torch.ones(bsz, lk, dtype=torch.bool, device=device)
+        return c
+
     def _time(self, stage: str, ms: float) -> None:
         self.timings[stage] = self.timings.get(stage, 0.0) + ms
 
@@ -94,7 +111,7 @@ class Session:
         phase = "prefill" if lq > 1 else "decode"
         if self.progress is not None:
             self.progress(phase, self.step, layer)
-        key_valid = key_validity(mask, bsz, lk, q.device)
+        key_valid = self._key_validity(mask, bsz, lk, q.device)
         if lq == lk:
             return self._prefill(layer, q, k, v, mask, key_valid, scale)
         if lq == 1 and layer in self.decode_states:
@@ -175,9 +192,15 @@ class Session:
         if cfg.method_spec.needs_exact:
             exact = exact_block_mass(q, k, scale, cfg.block_size, key_valid, cfg.groups(k.shape[1]))
         srht = self.srht(layer, q.shape[-1], q.device)
-        plan = decode_step(
-            st, q, k[:, :, -1:], k.shape[2], cfg, srht, key_valid, exact, keys=k, scale=scale
-        )
+        if reusable(st, k.shape[2], cfg, self.decode_reselect):
+            plan = decode_reuse(
+                st, q, k[:, :, -1:], k.shape[2], cfg, srht, None if mask is None else key_valid
+            )
+            self.decode_reused += 1
+        else:
+            plan = decode_step(
+                st, q, k[:, :, -1:], k.shape[2], cfg, srht, key_valid, exact, keys=k, scale=scale
+            )
         for stage, ms in plan.timings.items():
             self._time(stage, ms)
         return self._sparse("decode", layer, plan, q, k, v, mask, key_valid, scale)
@@ -186,20 +209,25 @@ class Session:
         self, phase, layer, plan: Plan, q, k, v, mask, key_valid, scale, record: bool = True
     ) -> torch.Tensor:
         sel = plan.selection
-        seq_start = None if bool(key_valid.all()) else key_valid.float().argmax(dim=1)
+        all_valid = mask is None or bool(key_valid.all())  # no mask: no padding, no sync
+        seq_start = None if all_valid else key_valid.float().argmax(dim=1)
         t0 = _now(q)
-        out = block_sparse_attention(
-            q,
-            k,
-            v,
-            sel.block_index,
-            sel.block_count,
-            self.cfg.block_size,
-            True,
-            scale,
-            seq_start,
-            backend=self.kernel_backend,
-        )
+        out = None
+        if phase == "decode" and self.decode_reselect != 1:
+            out = self._decode_gathered(layer, sel, q, k, v, scale, seq_start)
+        if out is None:
+            out = block_sparse_attention(
+                q,
+                k,
+                v,
+                sel.block_index,
+                sel.block_count,
+                self.cfg.block_size,
+                True,
+                scale,
+                seq_start,
+                backend=self.kernel_backend,
+            )
         timings = dict(plan.timings, attention=_now(q) - t0)
         self._time("attention", timings["attention"])
         self._count(phase, sel.kept, sel.candidates, sparse=True)
@@ -222,6 +250,34 @@ class Session:
                 timings,
             )
         return out
+
+    def _decode_gathered(self, layer, sel, q, k, v, scale, seq_start) -> torch.Tensor | None:
+        """Decode with a selection kept across steps: its K/V gathered once (kernels/decode_cache);
+        None where that path does not apply (then the stateless kernel runs)."""
+        st = self.decode_states.get(layer)
+        if st is None or choose_backend(q.device, self.kernel_backend) != "cpu":
+            return None
+        if not decode_cache.supports(q, k, sel.block_index.shape[1], seq_start):
+            return None
+        cur = (k.shape[2] - 1) // self.cfg.block_size
+        g = st.gathered
+        if g is None or g.source is not sel or g.cur != cur:
+            try:
+                g = decode_cache.gather(
+                    k,
+                    v,
+                    sel.block_index,
+                    sel.block_count,
+                    self.cfg.block_size,
+                    k.shape[2],
+                    sel,
+                    heads=q.shape[1],
+                )
+            except ValueError:
+                st.gathered = None
+                return None
+            st.gathered = g
+        return decode_cache.attend(g, q, k, v, scale)
 
     def _dense(
         self, phase, layer, plan: Plan | None, q, k, v, mask, key_valid, scale, record=True
@@ -269,9 +325,23 @@ def sketch_walk_session(
     recorder: Recorder | None = None,
     progress: ProgressFn | None = None,
     kernel_backend: str | None = None,
+    decode_reselect: int = 1,
 ) -> Iterator[Session]:
     """Bind a fresh per-sequence state for the calls made inside the block."""
+    if decode_reselect < 0:
+        raise ValueError(f"decode_reselect must be >= 0, got {decode_reselect}")
     session = Session(cfg or SketchWalkConfig(), recorder, progress, kernel_backend)
+    session.decode_reselect = decode_reselect
+    token = _current.set(session)
+    try:
+        yield session
+    finally:
+        _current.reset(token)
+
+
+@contextlib.contextmanager
+def bind_session(session: Session) -> Iterator[Session]:
+    """Bind an existing session (e.g. a copy taken after a prefill) for the calls inside."""
     token = _current.set(session)
     try:
         yield session

@@ -8,12 +8,46 @@ when TRITON_INTERPRET=1), the fast torch path on CPU, the reference when asked
 from __future__ import annotations
 
 import os
+from typing import Protocol
 
 import torch
 
 from .reference import block_sparse_attention_reference, dense_block_index, selected_block_mask
 
 BACKENDS = ("auto", "reference", "cpu", "triton")
+
+
+class BlockSparseAttention(Protocol):
+    """The one signature every backend implements (reference, cpu, triton); conventions in
+    kernels/reference.py. Backends may add keyword-only extras after these (triton: out=)."""
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        block_index: torch.Tensor,
+        block_count: torch.Tensor,
+        block_size: int,
+        causal: bool = True,
+        scale: float | None = None,
+        seq_start: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
+
+def backend_fn(which: str) -> BlockSparseAttention:
+    """The implementation behind a resolved backend name (imports Triton only when asked)."""
+    if which == "reference":
+        return block_sparse_attention_reference
+    if which == "cpu":
+        from .cpu import block_sparse_attention_cpu
+
+        return block_sparse_attention_cpu
+    if which == "triton":
+        from .triton_dispatch import block_sparse_attention_triton
+
+        return block_sparse_attention_triton
+    raise ValueError(f"unknown kernel backend {which!r}; choose one of {', '.join(BACKENDS)}")
 
 
 def choose_backend(device: torch.device, backend: str | None = None) -> str:
@@ -40,18 +74,14 @@ def block_sparse_attention(
     backend: str | None = None,
 ) -> torch.Tensor:
     """Attention of q over the key blocks each query block lists; returns [B, H, Lq, D] in q's dtype."""
-    which = choose_backend(q.device, backend)
-    if which == "reference":
-        fn = block_sparse_attention_reference
-    elif which == "cpu":
-        from .cpu import block_sparse_attention_cpu as fn
-    else:
-        from .triton_dispatch import block_sparse_attention_triton as fn
+    fn = backend_fn(choose_backend(q.device, backend))
     return fn(q, k, v, block_index, block_count, block_size, causal, scale, seq_start)
 
 
 __all__ = [
     "BACKENDS",
+    "BlockSparseAttention",
+    "backend_fn",
     "block_sparse_attention",
     "block_sparse_attention_reference",
     "choose_backend",

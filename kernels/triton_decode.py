@@ -5,13 +5,16 @@ list (stacked as the rows of one tile, so each K/V block is read once for all of
 intensity GQA allows) and one slice of that list. Slices are cut per sequence from its own count, so
 a batch may mix long and short lists. Each slice writes a normalised partial output plus its
 log-sum-exp; a second small kernel merges the slices (the flash-decoding combine). Idea from
-Flash-Decoding (Dao et al. 2023) and flash-linear-attention's split kernels; the code is ours.
+Flash-Decoding (Dao et al. 2023) and flash-linear-attention's split kernels; the code is ours. The
+inner loop is kernels/triton_common.py's, shared with prefill.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from .triton_common import attend_listed_blocks
 
 
 @triton.jit
@@ -87,37 +90,11 @@ def block_sparse_decode_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for t in range(lo, hi):
-        kb = tl.load(idx_row + t * sik).to(tl.int64)
-        for s in range(0, BLOCK_SIZE // BLOCK_N):
-            kpos = kb * BLOCK_SIZE + s * BLOCK_N + tl.arange(0, BLOCK_N)
-            k_ok = (kpos < LK) & (kpos >= start)  # the one query sits at LK - 1: causal = in range
-            k = tl.load(
-                k_base + kpos[:, None] * skl + dims[None, :] * skd,
-                mask=k_ok[:, None] & dmask[None, :],
-                other=0.0,
-            )
-            if IEEE_DOT:
-                qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                qk = tl.dot(q, tl.trans(k))
-            qk = tl.where(k_ok[None, :], qk * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(qk - m_safe[:, None])
-            alpha = tl.math.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(
-                v_base + kpos[:, None] * svl + dims[None, :] * svd,
-                mask=k_ok[:, None] & dmask[None, :],
-                other=0.0,
-            )
-            if IEEE_DOT:
-                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+    # one query at LK - 1: keys in range are causal (CAUSAL off; qpos unused)
+    m_i, l_i, acc = attend_listed_blocks(
+        q, m_i, l_i, acc, idx_row, sik, lo, hi, k_base, v_base, skl, skd, svl, svd, LK, start,
+        hs, h_ok, qk_scale, dims, dmask, BLOCK_SIZE, BLOCK_N, False, IEEE_DOT,
+    )  # fmt: skip
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     lse = tl.where(
         l_i == 0.0, float("-inf"), m_i + tl.math.log2(tl.where(l_i == 0.0, 1.0, l_i))

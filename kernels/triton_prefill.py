@@ -3,7 +3,8 @@
 One program per (query tile, batch * query head). It loads its query tile once, then walks only the
 key blocks listed for its (batch, head group, query block): online softmax in fp32 with exp2, causal
 and padding masks from token positions (so chunked prefill, Lq < Lk, and partial blocks need no
-special cases), GQA by indexing the shared KV head (never repeating K/V). The shape of the loop
+special cases), GQA by indexing the shared KV head (never repeating K/V). The inner loop is
+kernels/triton_common.py's, shared with decode. The shape of the loop
 follows MInference's block_sparse_flash_attention idea (index list + count per query block); the
 code is ours. Conventions: kernels/reference.py.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from .triton_common import attend_listed_blocks
 
 
 @triton.jit
@@ -90,41 +93,10 @@ def block_sparse_prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for t in range(0, cnt):
-        kb = tl.load(idx_row + t * sik).to(tl.int64)
-        for s in range(0, BLOCK_SIZE // BLOCK_N):
-            kpos = kb * BLOCK_SIZE + s * BLOCK_N + tl.arange(0, BLOCK_N)
-            k_ok = (kpos < LK) & (kpos >= start)
-            k = tl.load(
-                k_base + kpos[:, None] * skl + dims[None, :] * skd,
-                mask=k_ok[:, None] & dmask[None, :],
-                other=0.0,
-            )
-            if IEEE_DOT:
-                qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                qk = tl.dot(q, tl.trans(k))
-            qk = qk * qk_scale
-            ok = k_ok[None, :] & row_ok[:, None]
-            if CAUSAL:
-                ok = ok & (kpos[None, :] <= qpos[:, None])
-            qk = tl.where(ok, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet
-            p = tl.math.exp2(qk - m_safe[:, None])
-            alpha = tl.math.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(
-                v_base + kpos[:, None] * svl + dims[None, :] * svd,
-                mask=k_ok[:, None] & dmask[None, :],
-                other=0.0,
-            )
-            if IEEE_DOT:
-                pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+    m_i, l_i, acc = attend_listed_blocks(
+        q, m_i, l_i, acc, idx_row, sik, 0, cnt, k_base, v_base, skl, skd, svl, svd, LK, start,
+        qpos, row_ok, qk_scale, dims, dmask, BLOCK_SIZE, BLOCK_N, CAUSAL, IEEE_DOT,
+    )  # fmt: skip
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # a row that saw no key returns zeros
     tl.store(
         Out + b * sob + h * soh + rows[:, None] * sol + dims[None, :] * sod,

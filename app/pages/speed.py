@@ -38,6 +38,45 @@ m[3].metric(
     "Decode ms/token dense → sparse", "–" if dd is None or sd is None else f"{dd:.0f} → {sd:.0f}"
 )
 
+
+def _ratio(dense_key: str, sparse_key: str) -> str:
+    d, s_ = timings.get(dense_key), timings.get(sparse_key)
+    return "–" if not d or not s_ else f"{d / s_:.2f}×"
+
+
+st.subheader("Clean pass (no recording)")
+if "clean_sparse_prefill_ms" in timings:
+    c = st.columns(4)
+    c[0].metric(
+        "Prefill dense → sparse",
+        f"{_ms('clean_dense_prefill_ms')} → {_ms('clean_sparse_prefill_ms')}",
+        _ratio("clean_dense_prefill_ms", "clean_sparse_prefill_ms"),
+        delta_color="off",
+    )
+    c[1].metric(
+        "Attention alone, prefill",
+        f"{_ms('clean_dense_attention_ms')} → {_ms('clean_sparse_attention_ms')}",
+        _ratio("clean_dense_attention_ms", "clean_sparse_attention_ms"),
+        delta_color="off",
+    )
+    c[2].metric(
+        "Decode ms/token dense → sparse",
+        f"{_ms('clean_dense_decode_ms_per_token')} → {_ms('clean_sparse_decode_ms_per_token')}",
+        _ratio("clean_dense_decode_ms_per_token", "clean_sparse_decode_ms_per_token"),
+        delta_color="off",
+    )
+    c[3].metric("Recording overhead, prefill", _ms("recording_overhead_prefill_ms"))
+    st.caption(
+        "A clean pass is what your own code would see: no recorder, last-token logits only, one "
+        "pass each (so expect noise; `sketchwalk bench model` takes medians). The recorded times "
+        "above include copying every layer's estimate and timing dense attention a second time."
+    )
+else:
+    st.caption(
+        "This run has no clean-pass timings: the numbers above include the recorder's work. "
+        "Runs made with clean timing on (RunOptions.clean_timing) show the ratio without it."
+    )
+
 if pre.empty or pre["dense"].all():
     st.caption("No sparse prefill layers in this run: nothing to time against dense.")
 else:

@@ -29,6 +29,12 @@ def test_rows_have_the_fields_and_consistent_ratios():
         assert r["speedup"] == pytest.approx(r["dense_ms"] / r["sparse_ms"], rel=1e-2, abs=1e-3)
         assert 0 < r["achieved_density"] <= 1
     assert rows[0]["overhead_ms"] > 0  # selection is timed, not skipped
+    for r in rows:  # decode rows also time a selection kept across steps (gathered once)
+        assert ("kept_ms" in r) == (r["phase"] == "decode")
+        if r["phase"] == "decode":
+            assert r["kept_speedup"] == pytest.approx(
+                r["dense_ms"] / r["kept_ms"], rel=1e-2, abs=1e-3
+            )
     table = format_table(rows)
     assert table.splitlines()[0].split()[:3] == ["phase", "shape", "dtype"]
     assert len(table.splitlines()) == 2 + len(rows)

@@ -7,16 +7,16 @@ import zlib
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_inputs import (
+
+from sketchwalk.kernels.cpu import block_sparse_attention_cpu
+from sketchwalk.kernels.reference import block_sparse_attention_reference, dense_block_index
+from sketchwalk.kernels.testing import (
     patterned_block_index,
     random_block_index,
     random_qkv,
     rel_err,
     staircase_block_index,
 )
-
-from sketchwalk.kernels.cpu import block_sparse_attention_cpu
-from sketchwalk.kernels.reference import block_sparse_attention_reference, dense_block_index
 
 # (batch, heads, kv_heads, lq, lk, head_dim, block, groups)
 SHAPES = [

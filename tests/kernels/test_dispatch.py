@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_inputs import patterned_block_index, random_qkv, rel_err
 
 from sketchwalk.kernels import block_sparse_attention, choose_backend
 from sketchwalk.kernels.reference import block_sparse_attention_reference
+from sketchwalk.kernels.testing import patterned_block_index, random_qkv, rel_err
 
 
 def test_choice(monkeypatch):
@@ -57,3 +57,18 @@ def test_triton_on_cpu_without_interpreter_says_so():
     idx, cnt = patterned_block_index(1, 1, 32, 32, 16, torch.Generator().manual_seed(0))
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         block_sparse_attention_triton(q, q, q, idx, cnt, 16)
+
+
+def test_backends_share_one_signature():
+    import inspect
+
+    from sketchwalk.kernels import BlockSparseAttention, backend_fn
+
+    want = list(inspect.signature(BlockSparseAttention.__call__).parameters.values())[1:]
+    for which in ("reference", "cpu", "triton"):
+        got = list(inspect.signature(backend_fn(which)).parameters.values())
+        positional = [p for p in got if p.kind != p.KEYWORD_ONLY]
+        assert [(p.name, p.default) for p in positional] == [(p.name, p.default) for p in want]
+        assert all(p.default is not p.empty for p in got if p.kind == p.KEYWORD_ONLY)
+    with pytest.raises(ValueError, match="unknown kernel backend"):
+        backend_fn("cuda")

@@ -9,10 +9,6 @@ when the variable is already set: tests/kernels/test_triton_interpreter.py runs 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     collect_ignore_glob = ["test_*.py"]
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # kernel_inputs

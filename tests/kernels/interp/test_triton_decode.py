@@ -7,9 +7,9 @@ import zlib
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_inputs import poisoned, random_block_index, random_qkv, rel_err
 
 from sketchwalk.kernels.reference import block_sparse_attention_reference, dense_block_index
+from sketchwalk.kernels.testing import poisoned, random_block_index, random_qkv, rel_err
 from sketchwalk.kernels.triton_dispatch import block_sparse_attention_triton, block_sparse_decode
 
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3}

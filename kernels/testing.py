@@ -1,4 +1,6 @@
-"""Random inputs shared by the kernel tests: tensors and index lists of many shapes."""
+"""Random kernel inputs, one module for the tests (tests/kernels) and the GPU check
+(benchmarks/gpu_check.py): tensors and index lists of many shapes, so both exercise the same
+situations. Plain torch, no test framework."""
 
 from __future__ import annotations
 

@@ -1,0 +1,114 @@
+"""Decode over a selection that is kept across steps: gather its K/V once, then one SDPA per step.
+
+Why: a decode step is a handful of microseconds of arithmetic per layer, so on CPU its cost is the
+number of torch ops (each can wait for an OpenMP wake-up on a loaded machine) and the bytes it
+copies. The stateless kernel (kernels/cpu.py `_decode`) gathers the listed blocks every step, a
+chunk at a time, and merges chunks by log-sum-exp: ~25 ops. When the session reuses a selection
+(engine/pipeline.py `reusable`), the listed blocks before the current one are immutable past
+tokens, so they are gathered once into a buffer with room for one more block; each step copies the
+current block's tokens (at most one block) behind them and runs one SDPA call: 3 ops.
+
+Applies to one sequence without left padding whose lists have one group or one per KV head
+(`supports`; per-group lists of different lengths get a small mask); everything else takes the
+stateless kernel. Reference: kernels/reference.py (the
+tests compare against it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class GatheredKV:
+    """Listed full blocks before block `cur`, gathered per KV head, plus room for block `cur`."""
+
+    k: torch.Tensor  # [1, Hkv, m + b, d]
+    v: torch.Tensor
+    m: int  # gathered tokens
+    cur: int  # the current (partial) key block: its tokens are copied in each step
+    block_size: int
+    source: object  # the selection object it was built for (identity, not equality)
+    mask: torch.Tensor | None = None  # [1, H, 1, m + b] -inf on padded slots of shorter lists
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, groups: int, seq_start) -> bool:
+    """One sequence, no left padding, one list per layer or one per KV head."""
+    return q.shape[0] == 1 and q.shape[2] == 1 and seq_start is None and groups in (1, k.shape[1])
+
+
+def gather(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_index: torch.Tensor,
+    block_count: torch.Tensor,
+    block_size: int,
+    lk: int,
+    source: object = None,
+    heads: int | None = None,
+) -> GatheredKV:
+    """Gather the listed blocks before the current block (lk - 1) // b, once per selection.
+
+    block_index [1, G, 1, K], block_count [1, G, 1]: G is 1 or Hkv (see `supports`). Per-group
+    lists may keep different numbers of blocks (a per-layer budget does that): the shorter ones
+    are padded with masked slots, so then `heads` (query heads) is needed to build the mask.
+    """
+    b = block_size
+    hkv, d = k.shape[1], k.shape[3]
+    cur = (lk - 1) // b
+    g = block_index.shape[1]
+    lists = []
+    for gi in range(g):
+        ids = block_index[0, gi, 0, : int(block_count[0, gi, 0])].long().unique()
+        if not bool((ids == cur).any()):
+            raise ValueError("the list leaves out the current block: use the stateless kernel")
+        lists.append(ids[ids < cur])  # full blocks before the current one
+    n_full = max(x.numel() for x in lists)
+    m = n_full * b
+    kb = k[0, :, : cur * b].reshape(hkv, cur, b * d)
+    vb = v[0, :, : cur * b].reshape(hkv, cur, b * d)
+    kbuf = torch.zeros(1, hkv, m + b, d, dtype=k.dtype, device=k.device)
+    vbuf = torch.zeros_like(kbuf)
+    mask = None
+    if g == 1:
+        kbuf[0, :, :m] = kb.index_select(1, lists[0]).view(hkv, m, d)
+        vbuf[0, :, :m] = vb.index_select(1, lists[0]).view(hkv, m, d)
+    else:
+        for h in range(hkv):
+            mh = lists[h].numel() * b
+            kbuf[0, h, :mh] = kb[h].index_select(0, lists[h]).view(mh, d)
+            vbuf[0, h, :mh] = vb[h].index_select(0, lists[h]).view(mh, d)
+        if len({x.numel() for x in lists}) > 1:
+            if heads is None:
+                raise ValueError("per-group lists of different lengths need the query heads")
+            lens = torch.tensor([x.numel() * b for x in lists], device=k.device)
+            pad = torch.arange(m + b, device=k.device)[None, :] >= lens[:, None]
+            pad &= torch.arange(m + b, device=k.device)[None, :] < m  # current block: live
+            mask = torch.zeros(hkv, m + b, dtype=k.dtype, device=k.device)
+            mask = mask.masked_fill(pad, float("-inf"))
+            mask = mask.repeat_interleave(heads // hkv, dim=0).view(1, heads, 1, m + b)
+    return GatheredKV(kbuf, vbuf, m, cur, b, source, mask)
+
+
+def attend(
+    gkv: GatheredKV, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """The last query over the gathered blocks plus the current block's tokens so far.
+
+    q [1, H, 1, d]; k, v [1, Hkv, lk, d] the cache, whose last block must be gkv.cur.
+    """
+    lk = k.shape[2]
+    b = gkv.block_size
+    if (lk - 1) // b != gkv.cur:
+        raise ValueError(f"gathered for block {gkv.cur}, but the cache ends in {(lk - 1) // b}")
+    t = lk - gkv.cur * b  # tokens of the current block so far (1..b)
+    end = gkv.m + t
+    gkv.k[:, :, gkv.m : end] = k[:, :, gkv.cur * b : lk]
+    gkv.v[:, :, gkv.m : end] = v[:, :, gkv.cur * b : lk]
+    mask = None if gkv.mask is None else gkv.mask[..., :end]
+    return F.scaled_dot_product_attention(
+        q, gkv.k[:, :, :end], gkv.v[:, :, :end], attn_mask=mask, scale=scale, enable_gqa=True
+    )

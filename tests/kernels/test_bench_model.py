@@ -1,0 +1,67 @@
+"""`sketchwalk bench model` on the tiny model: fields, ratios, errors, JSON (no timed assertions)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sketchwalk.benchmarks.model import prompt_ids
+from sketchwalk.cli.main import main
+
+KEYS = {
+    "seq_len", "density", "block_size", "dense_prefill_ms", "sparse_prefill_ms",
+    "prefill_speedup", "dense_decode_ms", "sparse_decode_ms", "decode_speedup",
+    "sparse_stages_ms", "same_first_token", "model", "dtype",
+}  # fmt: skip
+
+
+def test_prompt_ids_repeats_short_text():
+    class Tok:
+        def __call__(self, text, add_special_tokens=False):
+            class R:
+                input_ids = [ord(c) for c in text]
+
+            return R()
+
+    ids = prompt_ids(Tok(), "abc", 7)
+    assert ids.tolist() == [[97, 98, 99, 97, 98, 99, 97]]
+
+
+def test_cli_json_on_tiny_model(tiny_model, tmp_path, capsys):
+    text = tmp_path / "p.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    argv = ["bench", "model", "--model", tiny_model, "--seq-len", "150", "200"]
+    argv += ["--block-size", "16", "--new-tokens", "3", "--repeats", "2", "--decode-reselect", "0"]
+    assert main([*argv, "--prompt-file", str(text), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["seq_len"] for r in rows] == [150, 200]
+    for r in rows:
+        assert r.keys() >= KEYS and r["block_size"] == 16 and r["decode_reselect"] == 0
+        assert r["prefill_speedup"] == pytest.approx(
+            r["dense_prefill_ms"] / r["sparse_prefill_ms"], rel=2e-2
+        )
+        stages = r["sparse_stages_ms"]
+        assert {"prefill_attention", "decode_attention", "prefill_sketch"} <= stages.keys()
+        assert r["dense_stages_ms"].keys() == {"prefill_attention", "decode_attention"}
+        assert 0 < r["dense_stages_ms"]["prefill_attention"] < r["dense_prefill_ms"]
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--density", "0"], "density must be in (0, 1]"),
+        (["--repeats", "0"], "repeats must be at least 1"),
+        (["--new-tokens", "-1"], "new tokens must be >= 0"),
+        (["--decode-reselect", "-2"], "decode reselect must be >= 0"),
+        (["--seq-len", "0"], "sequence length must be at least 1"),
+        (["--prompt-file", "/nonexistent/x"], "cannot read prompt file"),
+        (["--block-size", "48"], "block size must be a positive power of two"),
+        (["--seq-len", "5000"], "exceed"),
+        (["--seq-len", "8", "--block-size", "16"], "shorter than one block"),
+    ],
+)
+def test_bad_input_is_one_line(tiny_model, extra, message, capsys):
+    assert main(["bench", "model", "--model", tiny_model, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1

@@ -1,0 +1,66 @@
+"""Decode over a kept selection (kernels/decode_cache.py) against the torch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sketchwalk.kernels import block_sparse_attention_reference, decode_cache
+from sketchwalk.kernels.testing import random_qkv
+
+
+def _lists(groups: int, cur: int, density: float, gen: torch.Generator, equal: bool = True):
+    """Decode lists of equal length per group, each holding the current block."""
+    keep = max(1, round(density * cur))
+    index = torch.full((1, groups, 1, cur + 1), cur, dtype=torch.int32)
+    count = torch.zeros(1, groups, 1, dtype=torch.int32)
+    for gi in range(groups):
+        n = keep if equal or gi == 0 else max(0, keep - 1)
+        ids = torch.randperm(cur, generator=gen)[:n] if cur else torch.empty(0, dtype=torch.long)
+        ids = torch.cat([ids.sort().values, torch.tensor([cur])])
+        index[0, gi, 0, : ids.numel()] = ids.to(torch.int32)
+        count[0, gi, 0] = ids.numel()
+    return index, count
+
+
+@pytest.mark.parametrize("equal", [True, False])
+@pytest.mark.parametrize("block", [16, 32, 64])
+@pytest.mark.parametrize(
+    "heads,kv,per_group", [(9, 3, False), (9, 3, True), (4, 4, True), (8, 2, False)]
+)
+@pytest.mark.parametrize("lk0", [1, 200, 333])
+def test_gathered_decode_matches_reference_as_the_block_fills(
+    block, heads, kv, per_group, lk0, equal
+):
+    gen = torch.Generator().manual_seed(block * 1000 + lk0 + heads)
+    d = 32
+    cur = (lk0 - 1) // block
+    end = (cur + 1) * block  # steps until the block is full
+    q, k, v = random_qkv(1, heads, kv, 1, end, d, torch.float32, gen)
+    index, count = _lists(kv if per_group else 1, cur, 0.3, gen, equal)
+    g = decode_cache.gather(k[:, :, :lk0], v[:, :, :lk0], index, count, block, lk0, heads=heads)
+    assert g.m == (int(count.max()) - 1) * block
+    assert (g.mask is None) == (equal or not per_group or kv == 1 or cur < 2)
+    for lk in range(lk0, end + 1, max(1, (end - lk0) // 4)):  # later steps reuse the same gather
+        qs = torch.randn(1, heads, 1, d, generator=gen)
+        want = block_sparse_attention_reference(qs, k[:, :, :lk], v[:, :, :lk], index, count, block)
+        got = decode_cache.attend(g, qs, k[:, :, :lk], v[:, :, :lk], d**-0.5)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_refuses_what_it_cannot_do():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = random_qkv(1, 4, 2, 1, 100, 16, torch.float32, gen)
+    index, count = _lists(2, 6, 0.5, gen, equal=False)
+    with pytest.raises(ValueError, match="different lengths"):
+        decode_cache.gather(k, v, index, count, 16, 100)  # the mask needs the query heads
+    no_cur = torch.tensor([[[[0, 1]]]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="current block"):
+        decode_cache.gather(k, v, no_cur, torch.tensor([[[2]]], dtype=torch.int32), 16, 100)
+    index, count = _lists(1, 6, 0.5, gen)
+    g = decode_cache.gather(k, v, index, count, 16, 100)
+    with pytest.raises(ValueError, match="gathered for block 6"):
+        decode_cache.attend(g, q, torch.cat([k, k], 2)[:, :, :113], v, 0.25)
+    assert decode_cache.supports(q, k, 1, None) and decode_cache.supports(q, k, 2, None)
+    assert not decode_cache.supports(q, k, 1, torch.tensor([3]))
+    assert not decode_cache.supports(torch.cat([q, q]), k, 1, None)
