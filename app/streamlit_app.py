@@ -1,6 +1,7 @@
 """Entry point of the Sketch&Walk explorer: `sketchwalk app` runs `streamlit run` on this file.
 
-One file per page under pages/, shared widgets in widgets.py, figures in figures.py (pure).
+One file per page under pages/, shared widgets in widgets.py, figures in the figures/ package
+(pure functions, one module per kind of chart).
 """
 
 from __future__ import annotations

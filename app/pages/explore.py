@@ -1,6 +1,6 @@
 """Explore: one run's block-level attention, layer by layer, with a density preview.
 
-Reads the store only (cached per layer), builds figures with the pure functions in figures.py.
+Reads the store only (cached per layer), builds figures with the pure functions in figures/.
 """
 
 from __future__ import annotations

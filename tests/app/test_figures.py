@@ -1,4 +1,4 @@
-"""figures.py: pure functions from store data to plotly figures, checked on real stored runs."""
+"""app/figures/: pure functions from store data to plotly figures, checked on real stored runs."""
 
 from __future__ import annotations
 

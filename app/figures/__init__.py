@@ -1,0 +1,67 @@
+"""Pure functions from store data (numpy arrays, DataFrames) to plotly figures, one module per
+kind of chart: common (labels, palettes), heatmaps, masks, curves, depth, tokens, speed, preview,
+needle, diff, tiles.
+
+No Streamlit here, so every figure is unit-tested on plain inputs. Pages import the package and
+call `figures.<name>`; the names below stay importable from here.
+"""
+
+from sketchwalk.app.figures.common import (
+    LOG_FLOOR,
+    MATRIX_TITLES,
+    OKABE_ITO,
+    PALETTES,
+    block_labels,
+    escape_text,
+)
+from sketchwalk.app.figures.curves import CURVES, layer_curves
+from sketchwalk.app.figures.depth import depth_figures, depth_matrices
+from sketchwalk.app.figures.heatmaps import heatmap_figure, layer_figures, log_values
+from sketchwalk.app.figures.masks import (
+    causal_mask,
+    find_misses,
+    kept_density,
+    mask_figure,
+    mass_recall,
+)
+from sketchwalk.app.figures.preview import method_scores, preview_selection, selection_rule
+from sketchwalk.app.figures.speed import (
+    STAGES,
+    overall_speedup,
+    speedups,
+    stage_figure,
+    sweep_figure,
+)
+from sketchwalk.app.figures.tokens import decode_figure, kl_strip, token_table
+
+__all__ = [
+    "CURVES",
+    "LOG_FLOOR",
+    "MATRIX_TITLES",
+    "OKABE_ITO",
+    "PALETTES",
+    "STAGES",
+    "block_labels",
+    "causal_mask",
+    "decode_figure",
+    "depth_figures",
+    "depth_matrices",
+    "escape_text",
+    "find_misses",
+    "heatmap_figure",
+    "kept_density",
+    "kl_strip",
+    "layer_curves",
+    "layer_figures",
+    "log_values",
+    "mask_figure",
+    "mass_recall",
+    "method_scores",
+    "overall_speedup",
+    "preview_selection",
+    "selection_rule",
+    "speedups",
+    "stage_figure",
+    "sweep_figure",
+    "token_table",
+]

@@ -1,0 +1,107 @@
+"""Generated tokens: decode-step masks, dense-vs-sparse token tables, per-token KL."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from sketchwalk.app.figures.common import OKABE_ITO, block_labels, escape_text
+from sketchwalk.app.figures.heatmaps import heatmap_figure
+from sketchwalk.app.figures.masks import mask_figure
+
+
+def decode_figure(
+    rows: dict[str, Any], token_texts: Sequence[str], blocks: pd.DataFrame | None
+) -> go.Figure | None:
+    """Generated tokens x key blocks: kept blocks coloured by exact mass (grey when unknown)."""
+    steps = np.asarray(rows.get("steps", []))
+    if steps.size == 0:
+        return None
+    sel = np.asarray(rows["selected"])
+    n = sel.shape[1]
+    exact = rows.get("exact")
+    labels = block_labels(blocks, n)
+    y = [
+        f"step {int(s)} · «{escape_text(token_texts[i] if i < len(token_texts) else '', 24)}»"
+        for i, s in enumerate(steps)
+    ]
+    valid = np.arange(n)[None, :] < np.asarray(rows["n_blocks"])[:, None]
+    if exact is not None and not np.isnan(exact).all():
+        z = np.where(sel, np.nan_to_num(exact, nan=0.0), np.nan)
+        z = np.where(valid, z, np.nan).astype(np.float32)
+        fig = heatmap_figure(
+            z,
+            "Decode: kept blocks per generated token (colour = exact mass)",
+            labels,
+            y,
+            y_title="token",
+            height=max(300, 18 * len(y) + 120),
+        )
+    else:
+        fig = mask_figure(
+            sel,
+            valid,
+            labels,
+            y,
+            "Decode: kept blocks per generated token",
+            y_title="token",
+            height=max(300, 18 * len(y) + 120),
+        )
+    return fig
+
+
+def token_table(tokens: pd.DataFrame, prompt_tokens: int) -> pd.DataFrame:
+    """Generated tokens of both variants aligned by position, with a divergence flag and KL."""
+    gen = tokens[tokens["position"] >= prompt_tokens]
+    d = gen[gen["variant"] == "dense"].set_index("position")
+    s = gen[gen["variant"] == "sparse"].set_index("position")
+    idx = sorted(set(d.index) | set(s.index))
+    out = pd.DataFrame(
+        {
+            "position": idx,
+            "dense": [d["text"].get(i, "") for i in idx],
+            "sparse": [s["text"].get(i, "") for i in idx],
+            "kl": [s["kl"].get(i, np.nan) for i in idx],
+        }
+    )
+    same = [
+        (i in d.index and i in s.index and int(d["token_id"][i]) == int(s["token_id"][i]))
+        for i in idx
+    ]
+    out["same"] = same
+    first = next((k for k, v in enumerate(same) if not v), None)
+    out["diverged"] = [first is not None and k >= first for k in range(len(idx))]
+    return out
+
+
+def kl_strip(tokens: pd.DataFrame, prompt_tokens: int, title: str = "Per-token KL") -> go.Figure:
+    """KL(dense || sparse) per position (prompt and generation) as a one-row heatmap strip."""
+    s = tokens[tokens["variant"] == "sparse"].sort_values("position")
+    pos = s["position"].to_numpy()
+    kl = s["kl"].to_numpy(dtype=float)
+    text = [escape_text(t, 30) for t in s["text"]]
+    fig = go.Figure(
+        go.Bar(
+            x=pos,
+            y=kl,
+            customdata=text,
+            marker={
+                "color": np.where(pos >= prompt_tokens, OKABE_ITO["vermillion"], OKABE_ITO["blue"])
+            },
+            hovertemplate="position %{x}: «%{customdata}»<br>KL %{y:.4g}<extra></extra>",
+        )
+    )
+    fig.add_vline(x=prompt_tokens - 0.5, line={"dash": "dot", "color": "#666666"})
+    fig.update_layout(
+        title={"text": title},
+        height=260,
+        margin={"l": 40, "r": 10, "t": 40, "b": 40},
+        xaxis={"title": {"text": "position (blue prompt, vermillion generated)"}},
+        yaxis={"title": {"text": "KL"}},
+        bargap=0,
+    )
+    return fig
