@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -51,18 +52,61 @@ class PromptComparison:
         }
 
 
+def _compare_rows(
+    dense_logits: torch.Tensor, sparse_logits: torch.Tensor, targets: torch.Tensor
+) -> PromptComparison:
+    """Row t of the logits predicts targets[t]; each log-softmax is computed once."""
+    d = torch.log_softmax(dense_logits.float(), dim=-1)
+    s = torch.log_softmax(sparse_logits.float(), dim=-1)
+    tgt = targets[:, None].to(d.device)
+    return PromptComparison(
+        kl=kl_from_logprobs(d, s).cpu(),
+        logprob_dense=d.gather(-1, tgt).squeeze(-1).cpu(),
+        logprob_sparse=s.gather(-1, tgt).squeeze(-1).cpu(),
+        agree=(d.argmax(-1) == s.argmax(-1)).cpu(),
+    )
+
+
 def compare_prompt(
     dense_logits: torch.Tensor, sparse_logits: torch.Tensor, ids: torch.Tensor
 ) -> PromptComparison:
-    """Logits [T, V] predict ids[1:]; each log-softmax over the vocabulary is computed once."""
-    d = torch.log_softmax(dense_logits[:-1].float(), dim=-1)
-    s = torch.log_softmax(sparse_logits[:-1].float(), dim=-1)
-    tgt = ids[1:, None]
+    """Logits [T, V] predict ids[1:] (all positions at once: for short inputs and tests)."""
+    return _compare_rows(dense_logits[:-1], sparse_logits[:-1], ids[1:])
+
+
+# Positions per chunk so one chunk's fp32 logits stay near 128 MiB (x ~6 live temporaries).
+CHUNK_ELEMS = 1 << 25
+
+
+def compare_prompt_chunked(
+    logits_fn: Callable[[torch.Tensor], torch.Tensor],
+    dense_hidden: torch.Tensor,
+    sparse_hidden: torch.Tensor,
+    ids: torch.Tensor,
+    chunk: int | None = None,
+) -> PromptComparison:
+    """`compare_prompt` from final hidden states [T, H], a chunk of positions at a time.
+
+    `logits_fn` maps hidden states to logits (the LM head); only one chunk's logits and
+    log-softmax copies are alive at once, so memory does not grow with T x vocabulary.
+    """
+    t = ids.shape[0]
+    if t < 2:
+        empty = torch.empty(0)
+        return PromptComparison(empty, empty, empty, empty.bool())
+    if chunk is None:  # size the chunk from the vocabulary
+        chunk = max(1, CHUNK_ELEMS // int(logits_fn(dense_hidden[:1]).shape[-1]))
+    parts = []
+    for s in range(0, t - 1, chunk):
+        e = min(t - 1, s + chunk)  # row t-1 predicts past the prompt: not compared
+        d, sp = logits_fn(dense_hidden[s:e]), logits_fn(sparse_hidden[s:e])
+        parts.append(_compare_rows(d, sp, ids[s + 1 : e + 1]))
+        del d, sp
     return PromptComparison(
-        kl=kl_from_logprobs(d, s),
-        logprob_dense=d.gather(-1, tgt).squeeze(-1),
-        logprob_sparse=s.gather(-1, tgt).squeeze(-1),
-        agree=d.argmax(-1) == s.argmax(-1),
+        kl=torch.cat([p.kl for p in parts]),
+        logprob_dense=torch.cat([p.logprob_dense for p in parts]),
+        logprob_sparse=torch.cat([p.logprob_sparse for p in parts]),
+        agree=torch.cat([p.agree for p in parts]),
     )
 
 

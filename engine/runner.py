@@ -1,8 +1,13 @@
 """The runner: one prompt through the dense model and the sparse one, compared.
 
-Each variant does one prefill over the prompt (whose logits give the teacher-forced metrics) and
-then greedy decoding from the same cache, so the sparse prefill that is measured is the one that
-feeds sparse decode.
+Each variant does one prefill over the prompt (whose final hidden states give the teacher-forced
+metrics) and then greedy decoding from the same cache, so the sparse prefill that is measured is
+the one that feeds sparse decode.
+
+Memory: the model body runs without its LM head, and the head is applied to a chunk of positions
+at a time when the metrics need logits (`LMParts`), so full-vocabulary logits never exist for the
+whole prompt (32k positions x 49k vocabulary would be 6.4 GB per copy). A run reports its peak
+resident memory in its timings (`peak_rss_mb`).
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ import sketchwalk
 
 from .config import SketchWalkConfig
 from .hook import NAME
+from .memory import PeakMemory
 from .metrics import (
     PromptComparison,
     common_prefix,
-    compare_prompt,
+    compare_prompt_chunked,
     kl_per_position,
     perplexity,
     token_logprobs,
@@ -40,11 +46,12 @@ class PromptError(sketchwalk.errors.SketchWalkError):
 
 @dataclass
 class Decoded:
-    prompt_logits: torch.Tensor  # [T, V] fp32 on CPU
+    prompt_hidden: torch.Tensor  # [T, H] final hidden states on CPU; logits via `logits`
     new_ids: list[int]
     new_logits: torch.Tensor  # [N, V]
     prefill_ms: float
     decode_ms: float
+    logits: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.float  # hidden rows -> logits
 
 
 @dataclass
@@ -85,6 +92,46 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+@dataclass
+class LMParts:
+    """A causal LM split into its body (final hidden states) and its head (hidden -> logits).
+
+    Models without a separable head run whole: their 'hidden states' are then the logits and
+    the head is the identity, so every caller works either way (only the memory saving is lost).
+    """
+
+    body: torch.nn.Module
+    head: torch.nn.Module | None
+    softcap: float | None = None
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> LMParts:
+        prefix = getattr(model, "base_model_prefix", "")
+        body = getattr(model, prefix, None) if prefix else None
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if not isinstance(body, torch.nn.Module) or body is model or head is None:
+            return cls(model, None)
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        return cls(body, head, float(cap) if cap else None)
+
+    def hidden(self, out: object) -> torch.Tensor:
+        return out.logits if self.head is None else out.last_hidden_state
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits for a few positions' hidden states (on the head's device)."""
+        if self.head is None:
+            return hidden.float()
+        w = self.head.weight
+        out = self.head(hidden.to(device=w.device, dtype=w.dtype)).float()
+        if self.softcap:
+            out = torch.tanh(out / self.softcap) * self.softcap
+        return out
+
+    def forward_hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [T, H] of a whole sequence, no cache (the judge pass)."""
+        return self.hidden(self.body(ids, use_cache=False))[0].cpu()
+
+
 def _timed(device: torch.device, fn: Callable[[], object]) -> tuple[object, float]:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -103,12 +150,19 @@ def greedy(
     eos: int | None,
     on_token: Callable[[int], None] | None = None,
 ) -> Decoded:
-    """Prefill the prompt, then greedy-decode from the cache, keeping every step's logits."""
-    kw = cache_kwarg(model)
-    out, prefill_ms = _timed(ids.device, lambda: model(ids, use_cache=True))
+    """Prefill the prompt, then greedy-decode from the cache, keeping every step's logits.
+
+    The prompt's logits are not kept: its final hidden states are, and the metrics apply the head
+    to them a chunk of positions at a time.
+    """
+    parts = LMParts.of(model)
+    kw = cache_kwarg(parts.body)
+    out, prefill_ms = _timed(ids.device, lambda: parts.body(ids, use_cache=True))
     cache = getattr(out, "cache", None) or out.past_key_values
-    prompt_logits = out.logits[0].float().cpu()
-    logits = out.logits[0, -1].float()
+    hidden = parts.hidden(out)[0]
+    prompt_hidden = hidden.cpu()
+    logits = parts.logits(hidden[-1:])[0]
+    del out, hidden
     new_ids: list[int] = []
     new_logits: list[torch.Tensor] = []
     t0 = time.perf_counter()
@@ -120,15 +174,15 @@ def greedy(
             on_token(i + 1)
         if nxt == eos or i == max_new - 1:
             break
-        out = model(torch.tensor([[nxt]], device=ids.device), use_cache=True, **{kw: cache})
+        out = parts.body(torch.tensor([[nxt]], device=ids.device), use_cache=True, **{kw: cache})
         cache = getattr(out, "cache", None) or out.past_key_values
-        logits = out.logits[0, -1].float()
+        logits = parts.logits(parts.hidden(out)[0, -1:])[0]
     if ids.device.type == "cuda":
         torch.cuda.synchronize()
     decode_ms = (time.perf_counter() - t0) * 1e3
-    v = prompt_logits.shape[-1]
+    v = logits.shape[-1]
     stacked = torch.stack(new_logits) if new_logits else torch.empty(0, v)
-    return Decoded(prompt_logits, new_ids, stacked, prefill_ms, decode_ms)
+    return Decoded(prompt_hidden, new_ids, stacked, prefill_ms, decode_ms, parts.logits)
 
 
 def _versions() -> dict[str, str]:
@@ -164,8 +218,22 @@ def run(
     """Dense and sparse on the same prompt: generations, metrics, per-layer records, timings."""
     opts = opts or RunOptions()
     ids = tokenize(lm, prompt)
+    validate_prompt(ids.shape[1], lm, cfg, opts)
+    with PeakMemory(lm.device) as peak:
+        result = _run(lm, prompt, ids, cfg, opts, progress)
+    result.timings.update(peak.as_dict())
+    return result
+
+
+def _run(
+    lm: LoadedModel,
+    prompt: str,
+    ids: torch.Tensor,
+    cfg: SketchWalkConfig,
+    opts: RunOptions,
+    progress: ProgressFn | None,
+) -> RunResult:
     n = ids.shape[1]
-    validate_prompt(n, lm, cfg, opts)
     model, tok = lm.model, lm.tokenizer
     eos = tok.eos_token_id
     n_layers = int(model.config.num_hidden_layers)
@@ -196,15 +264,20 @@ def run(
 
     # dense judge of the sparse continuation: per-token KL and likelihood of what sparse wrote
     report(total, "comparing")
+    parts = LMParts.of(model)
     seq = torch.cat([ids[0].cpu(), torch.tensor(sparse.new_ids, dtype=torch.long)])
     with torch.no_grad():
-        judge = model(seq[None].to(lm.device)).logits[0].float().cpu()
-    gen_pos = slice(n - 1, n - 1 + len(sparse.new_ids))
-    gen_kl = kl_per_position(judge[gen_pos], sparse.new_logits)
-    sparse_by_dense = token_logprobs(judge[gen_pos], seq[n:])
+        judge_hidden = parts.forward_hidden(seq[None].to(lm.device))
+        judge = parts.logits(judge_hidden[n - 1 : n - 1 + len(sparse.new_ids)]).cpu()
+    del judge_hidden
+    gen_kl = kl_per_position(judge, sparse.new_logits)
+    sparse_by_dense = token_logprobs(judge, seq[n:])
 
     ids_list = ids[0].tolist()
-    comparison = compare_prompt(dense.prompt_logits, sparse.prompt_logits, ids[0].cpu())
+    with torch.no_grad():
+        comparison = compare_prompt_chunked(
+            parts.logits, dense.prompt_hidden, sparse.prompt_hidden, ids[0].cpu()
+        )
     metrics = comparison.summary()
     metrics.update(
         gen_kl_mean=float(gen_kl.mean()) if gen_kl.numel() else None,

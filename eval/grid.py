@@ -82,13 +82,20 @@ def _counts(session: Session) -> dict[str, list[int]]:
     return {phase: list(c) for phase, c in session.counts.items()}
 
 
-def lm_sums(dense: torch.Tensor, sparse: torch.Tensor, ids: torch.Tensor) -> dict[str, float]:
-    """Teacher-forced sums over a prompt (logits [T, V] predict ids[1:]), in row chunks."""
+def lm_sums(
+    dense: torch.Tensor,
+    sparse: torch.Tensor,
+    ids: torch.Tensor,
+    logits_fn: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.float,
+) -> dict[str, float]:
+    """Teacher-forced sums over a prompt (rows [T, .] predict ids[1:]), in row chunks.
+
+    Rows are logits, or final hidden states with the LM head as `logits_fn`."""
     tgt = ids[1:].cpu()
     out = {"nll_dense": 0.0, "nll_sparse": 0.0, "kl": 0.0, "top1": 0.0, "n": float(len(tgt))}
     for s in range(0, len(tgt), _ROWS):
         e = min(len(tgt), s + _ROWS)
-        d, sp = dense[s:e], sparse[s:e]
+        d, sp = logits_fn(dense[s:e]), logits_fn(sparse[s:e])
         out["nll_dense"] -= float(token_logprobs(d, tgt[s:e]).sum())
         out["nll_sparse"] -= float(token_logprobs(sp, tgt[s:e]).sum())
         out["kl"] += float(kl_per_position(d, sp).sum())
@@ -111,7 +118,8 @@ class Cell:
     items: list[dict] = field(default_factory=list)
 
     def add(self, item: Item, dense: Pass, sparse: Pass) -> None:
-        s = lm_sums(dense.decoded.prompt_logits, sparse.decoded.prompt_logits, item.ids[0])
+        dd, sd = dense.decoded, sparse.decoded
+        s = lm_sums(dd.prompt_hidden, sd.prompt_hidden, item.ids[0], dd.logits)
         s["dense_ms"], s["sparse_ms"] = dense.ms, sparse.ms
         s["tokens"] = float(item.ids.shape[1])
         detail = {"label": item.label, "tokens": item.ids.shape[1]}

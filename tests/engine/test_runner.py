@@ -94,3 +94,40 @@ def test_default_model_at_density_one_equals_dense():
     sparse = run(lm, text, cfg, RunOptions(max_new_tokens=8, record=False))
     assert sparse.metrics["density_achieved"] < 0.6 and sparse.metrics["top1_agreement"] > 0.5
     assert torch.isfinite(torch.tensor(sparse.metrics["kl_mean"]))
+
+
+def test_lm_parts_give_the_models_own_logits(tiny):
+    """The body + per-chunk head path reproduces the full forward's logits."""
+    from sketchwalk.engine.runner import LMParts, tokenize
+
+    ids = tokenize(tiny, PROMPT)
+    with torch.no_grad():
+        full = tiny.model(ids).logits[0].float()
+        parts = LMParts.of(tiny.model)
+        assert parts.head is not None and parts.body is not tiny.model
+        hidden = parts.forward_hidden(ids)
+        assert hidden.shape == (ids.shape[1], tiny.model.config.hidden_size)
+        torch.testing.assert_close(parts.logits(hidden[5:17]), full[5:17], rtol=1e-4, atol=1e-4)
+
+
+def test_chunked_prompt_comparison_equals_the_whole_one():
+    from sketchwalk.engine.metrics import compare_prompt, compare_prompt_chunked
+
+    g = torch.Generator().manual_seed(0)
+    head = torch.randn(8, 50, generator=g)
+    dh, sh = torch.randn(23, 8, generator=g), torch.randn(23, 8, generator=g)
+    ids = torch.randint(0, 50, (23,), generator=g)
+    whole = compare_prompt(dh @ head, sh @ head, ids)
+    for chunk in (1, 5, 22, 64, None):
+        part = compare_prompt_chunked(lambda h: h @ head, dh, sh, ids, chunk)
+        assert part.kl.shape == (22,)
+        torch.testing.assert_close(part.kl, whole.kl)
+        torch.testing.assert_close(part.logprob_sparse, whole.logprob_sparse)
+        assert torch.equal(part.agree, whole.agree)
+    assert compare_prompt_chunked(lambda h: h @ head, dh[:1], sh[:1], ids[:1]).kl.numel() == 0
+
+
+def test_a_run_reports_its_peak_memory(tiny):
+    cfg = SketchWalkConfig(block_size=16, density=0.3)
+    res = run(tiny, PROMPT, cfg, RunOptions(max_new_tokens=2, record=False))
+    assert 50 < res.timings["peak_rss_mb"] < 64_000
