@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "sketchwalk.cli.frontier",
     "sketchwalk.cli.app",
     "sketchwalk.cli.worker",
+    "sketchwalk.cli.trace",
 )
 
 

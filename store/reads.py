@@ -238,6 +238,68 @@ class ReadsMixin:
         out["selected"] = selected
         return out
 
+    def last_rows(self, run_id: str) -> list[dict[str, Any]]:
+        """The query row that produces the next token, for every (phase, step, layer) record.
+
+        Prefill: the last query block's row; decode: the new token's row. Each item holds
+        phase, step, layer, dense, n_blocks, q_block and [n_blocks] sketch/walk/exact (NaN where
+        not recorded) and selected, in record order (prefill first). The needle tracker reads
+        these instead of whole layers, so it stays cheap at 128k tokens.
+        """
+        t = schema.block_scores
+        ls = schema.layer_stats
+        with self._connect() as conn:
+            require_run(conn, run_id)
+            recs = conn.execute(
+                sa.select(
+                    ls.c.phase, ls.c.step, ls.c.layer, ls.c.dense, ls.c.n_blocks, ls.c.q_blocks
+                )
+                .where(ls.c.run_id == run_id)
+                .order_by(ls.c.phase.desc(), ls.c.step, ls.c.layer)
+            ).all()
+            last = {(r[0], int(r[1]), int(r[2])): max(jsonio.loads(r[5]), default=-1) for r in recs}
+            pre = max((q for (ph, _, _), q in last.items() if ph == "prefill"), default=-1)
+            stmt = sa.select(
+                t.c.phase,
+                t.c.step,
+                t.c.layer,
+                t.c.q_block,
+                t.c.k_block,
+                t.c.sketch,
+                t.c.walk,
+                t.c.exact,
+                t.c.selected,
+            ).where(t.c.run_id == run_id, sa.or_(t.c.phase == "decode", t.c.q_block == pre))
+            data = fetch_arrow(conn, t, stmt).to_pandas()
+        out: list[dict[str, Any]] = []
+        groups = dict(iter(data.groupby(["phase", "step", "layer"], sort=False)))
+        for phase, step, layer, dense, n, _ in recs:
+            key = (phase, int(step), int(layer))
+            q = last[key]
+            item: dict[str, Any] = {
+                "phase": phase,
+                "step": int(step),
+                "layer": int(layer),
+                "dense": bool(dense),
+                "n_blocks": int(n),
+                "q_block": int(q),
+            }
+            rows = groups.get(key)
+            if rows is not None:
+                rows = rows[rows["q_block"] == q]
+            k = rows["k_block"].to_numpy() if rows is not None else np.zeros(0, dtype=np.int64)
+            for name in ("sketch", "walk", "exact"):
+                v = np.full(int(n), np.nan, dtype=np.float32)
+                if rows is not None:
+                    v[k] = rows[name].to_numpy(dtype=np.float32, na_value=np.nan)
+                item[name] = v
+            sel = np.zeros(int(n), dtype=bool)
+            if rows is not None:
+                sel[k] = rows["selected"].fillna(False).to_numpy(dtype=bool)
+            item["selected"] = sel
+            out.append(item)
+        return out
+
 
 def _floats(column: pa.ChunkedArray) -> np.ndarray:
     """float32 values with SQL NULL as NaN."""

@@ -1,0 +1,221 @@
+"""Needle tracking: where the blocks holding a piece of the prompt were kept or dropped.
+
+Shared by `sketchwalk trace` and the Explore page (no Streamlit here). A needle is every
+occurrence of a text in the prompt, found in the stored prompt tokens (their texts joined), and
+mapped to the key blocks that hold its tokens. For each recorded (phase, step, layer), the row
+that produces the next token (the last prompt block in prefill, the new token in decode) says
+whether each needle block was kept, the exact attention mass the needle got (where recorded),
+and each block's rank among the scores the selection used (walk scores; 1 = top).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sketchwalk.errors import SketchWalkError
+
+
+class NeedleNotFound(SketchWalkError):
+    """The text does not occur in the run's prompt."""
+
+
+@dataclass
+class Needle:
+    """Every occurrence of `text` in the prompt: token spans [start, end) and their blocks."""
+
+    text: str
+    spans: list[tuple[int, int]]
+    blocks: list[int]
+
+
+@dataclass
+class NeedleStep:
+    """The needle at one (phase, step, layer): per needle block, kept and rank; mass share."""
+
+    phase: str
+    step: int
+    layer: int
+    dense: bool
+    q_block: int
+    blocks: list[int]
+    kept: list[bool]
+    ranks: list[int | None]
+    mass: float | None  # exact softmax mass on the needle's blocks, share of the row (0..1)
+
+    @property
+    def all_kept(self) -> bool:
+        return all(self.kept)
+
+    @property
+    def label(self) -> str:
+        return "prefill" if self.phase == "prefill" else f"decode {self.step}"
+
+
+@dataclass
+class NeedleTrace:
+    run_id: str
+    needle: Needle
+    steps: list[NeedleStep] = field(default_factory=list)
+
+    def first_drop(self) -> NeedleStep | None:
+        """The first record (prefill layers, then decode steps) that dropped a needle block."""
+        return next((s for s in self.steps if not s.all_kept), None)
+
+    def sentence(self) -> str:
+        """One plain sentence saying where the needle was first dropped (or that it never was)."""
+        where = ", ".join(f"B{b}" for b in self.needle.blocks)
+        drop = self.first_drop()
+        if not self.steps:
+            return f"The needle is in block(s) {where}; this run recorded no layers."
+        if drop is None:
+            return f"The needle (block(s) {where}) was kept at every recorded layer and step."
+        lost = [b for b, k in zip(drop.blocks, drop.kept, strict=True) if not k]
+        ranks = [r for b, r in zip(drop.blocks, drop.ranks, strict=True) if b in lost]
+        rank = f", rank {ranks[0]} in the scores" if ranks and ranks[0] is not None else ""
+        mass = f", exact mass {drop.mass:.3f}" if drop.mass is not None else ""
+        n_drop = sum(not s.all_kept for s in self.steps)
+        return (
+            f"The needle was first dropped at {drop.label}, layer {drop.layer}: "
+            f"block(s) {', '.join(f'B{b}' for b in lost)} not kept{rank}{mass}; "
+            f"dropped at {n_drop} of {len(self.steps)} recorded layer-steps."
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """One JSON-ready object (what `sketchwalk trace --json` prints)."""
+        drop = self.first_drop()
+        return {
+            "run_id": self.run_id,
+            "text": self.needle.text,
+            "spans": [list(s) for s in self.needle.spans],
+            "blocks": self.needle.blocks,
+            "first_drop": None if drop is None else asdict(drop),
+            "summary": self.sentence(),
+            "steps": [asdict(s) for s in self.steps],
+        }
+
+
+def prompt_text_offsets(tokens: pd.DataFrame, prompt_tokens: int) -> tuple[str, np.ndarray]:
+    """The prompt as its tokens' texts joined, and each token's start offset in that string."""
+    t = tokens[(tokens["variant"] == "sparse") & (tokens["position"] < prompt_tokens)]
+    texts = [str(x) for x in t.sort_values("position")["text"]]
+    starts = np.cumsum([0] + [len(x) for x in texts])
+    return "".join(texts), starts
+
+
+def find_needle(
+    text: str, tokens: pd.DataFrame, blocks: pd.DataFrame, prompt_tokens: int
+) -> Needle:
+    """Every occurrence of `text` in the prompt, as token spans and key blocks.
+
+    Raises NeedleNotFound (one line) when the text is empty or not in the prompt.
+    """
+    if not text:
+        raise NeedleNotFound("the needle text is empty")
+    joined, starts = prompt_text_offsets(tokens, prompt_tokens)
+    spans: list[tuple[int, int]] = []
+    at = joined.find(text)
+    while at >= 0:
+        first = int(np.searchsorted(starts, at, side="right") - 1)
+        last = int(np.searchsorted(starts, at + len(text), side="left"))  # exclusive
+        spans.append((first, max(last, first + 1)))
+        at = joined.find(text, at + 1)
+    if not spans:
+        shown = text if len(text) <= 40 else text[:39] + "…"
+        raise NeedleNotFound(f"the text {shown!r} does not occur in the run's prompt")
+    bounds = blocks.sort_values("block")
+    ends = bounds["token_end"].to_numpy()
+    ids = bounds["block"].to_numpy()
+    found: set[int] = set()
+    for s, e in spans:
+        lo = int(np.searchsorted(ends, s, side="right"))
+        hi = int(np.searchsorted(ends, e - 1, side="right"))
+        found.update(int(ids[i]) for i in range(lo, min(hi, len(ids) - 1) + 1))
+    return Needle(text, spans, sorted(found))
+
+
+def score_ranks(scores: np.ndarray, cols: list[int]) -> list[int | None]:
+    """1-based rank of each column among the row's finite scores (ties share the best rank)."""
+    s = np.asarray(scores, dtype=np.float64)
+    finite = np.isfinite(s)
+    out: list[int | None] = []
+    for j in cols:
+        if j >= s.size or not finite[j]:
+            out.append(None)
+        else:
+            out.append(int((s[finite] > s[j]).sum()) + 1)
+    return out
+
+
+def needle_steps(rows: list[dict[str, Any]], needle: Needle) -> list[NeedleStep]:
+    """Per recorded row (store.last_rows output): the needle's kept flags, ranks and mass."""
+    out: list[NeedleStep] = []
+    for r in rows:
+        n = int(r["n_blocks"])
+        cols = [b for b in needle.blocks if b < n]
+        if not cols:
+            continue
+        dense = bool(r["dense"])
+        sel = np.asarray(r["selected"], dtype=bool)
+        kept = [True] * len(cols) if dense else [bool(sel[j]) for j in cols]
+        scores = np.asarray(r["walk"], dtype=np.float32)
+        ranks = [None] * len(cols) if dense or np.isnan(scores).all() else score_ranks(scores, cols)
+        exact = np.asarray(r["exact"], dtype=np.float64)
+        total = np.nansum(exact)
+        mass = None
+        if np.isfinite(exact[cols]).any() and total > 0:
+            mass = float(np.nansum(exact[cols]) / total)
+        out.append(
+            NeedleStep(
+                r["phase"],
+                int(r["step"]),
+                int(r["layer"]),
+                dense,
+                int(r["q_block"]),
+                cols,
+                kept,
+                ranks,
+                mass,
+            )
+        )
+    return out
+
+
+def trace(store: Any, run_id: str, text: str) -> NeedleTrace:
+    """Find `text` in a stored run's prompt and follow its blocks through every record."""
+    run = store.get_run(run_id)
+    needle = find_needle(
+        text, store.tokens(run_id), store.blocks(run_id), int(run["prompt_tokens"] or 0)
+    )
+    return NeedleTrace(str(run_id), needle, needle_steps(store.last_rows(run_id), needle))
+
+
+def strip_matrix(steps: list[NeedleStep]) -> dict[str, Any]:
+    """Layers x (prefill, decode 1, ...) arrays for the strip: kept share, mass, best rank."""
+    cols = sorted({(s.phase != "prefill", s.step) for s in steps})
+    layers = sorted({s.layer for s in steps})
+    ci = {c: i for i, c in enumerate(cols)}
+    li = {layer: i for i, layer in enumerate(layers)}
+    kept = np.full((len(layers), len(cols)), np.nan, dtype=np.float32)
+    mass = np.full_like(kept, np.nan)
+    rank = np.full_like(kept, np.nan)
+    dense = np.zeros(kept.shape, dtype=bool)
+    for s in steps:
+        i, j = li[s.layer], ci[(s.phase != "prefill", s.step)]
+        kept[i, j] = float(np.mean(s.kept))
+        mass[i, j] = np.nan if s.mass is None else s.mass
+        ranks = [r for r in s.ranks if r is not None]
+        rank[i, j] = min(ranks) if ranks else np.nan
+        dense[i, j] = s.dense
+    labels = ["prefill" if not d else f"decode {st}" for d, st in cols]
+    return {
+        "layers": layers,
+        "columns": labels,
+        "kept": kept,
+        "mass": mass,
+        "rank": rank,
+        "dense": dense,
+    }

@@ -1,0 +1,140 @@
+"""Needle tracking (store/needle.py) and `sketchwalk trace` on a stored run whose masks are known."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sketchwalk.cli.main import main
+from sketchwalk.engine.records import BlockSpan, LayerRecord, RunResult, TokenRecord
+from sketchwalk.store import open_store
+from sketchwalk.store.needle import NeedleNotFound, find_needle, score_ranks, trace
+
+B, N = 4, 6  # block size, prompt blocks
+WORDS = [f"w{i} " for i in range(N * B)]
+WORDS[9], WORDS[10] = "KEY-", "4242 "  # the needle: tokens 9-10, block 2
+
+
+def _layer(phase, step, layer, n, keep_needle, walk_rank_of_needle, dense=False):
+    """One record whose last row keeps (or drops) block 2, with block 2 at a known rank."""
+    rows = n if phase == "prefill" else 1
+    q = np.arange(n) if phase == "prefill" else np.array([n - 1])
+    walk = np.tile(np.linspace(1.0, 0.1, n, dtype=np.float32), (rows, 1))
+    order = [j for j in range(n) if j != 2]
+    order.insert(walk_rank_of_needle - 1, 2)
+    walk[-1, order] = np.linspace(1.0, 0.1, n, dtype=np.float32)  # order[0] scores highest
+    exact = np.full((rows, n), 0.5 / (n - 1), dtype=np.float32)
+    exact[-1, 2] = 0.5
+    sel = np.zeros((rows, n), dtype=bool)
+    sel[:, 0] = True
+    sel[-1, 2] = keep_needle
+    return LayerRecord(
+        phase,
+        step,
+        layer,
+        dense,
+        n,
+        q,
+        sketch=walk.copy(),
+        walk=None if dense else walk,
+        exact=exact,
+        selected=None if dense else sel,
+    )
+
+
+def known_result() -> RunResult:
+    layers = [
+        _layer("prefill", 0, 0, N, True, 1, dense=True),
+        _layer("prefill", 0, 1, N, True, 2),
+        _layer("prefill", 0, 2, N, False, 5),
+        _layer("decode", 1, 1, N, False, 4),
+        _layer("decode", 1, 2, N, True, 1),
+    ]
+    tokens = [
+        TokenRecord(v, p, p, WORDS[p], None if p == 0 else -1.0)
+        for v in ("dense", "sparse")
+        for p in range(N * B)
+    ]
+    return RunResult(
+        "tiny",
+        None,
+        "".join(WORDS),
+        N * B,
+        "sketchwalk",
+        {"block_size": B},
+        "cpu",
+        {},
+        "",
+        "",
+        {},
+        {},
+        layers,
+        [BlockSpan(b, b * B, (b + 1) * B, "") for b in range(N)],
+        tokens,
+    )
+
+
+@pytest.fixture
+def stored(tmp_path):
+    url = str(tmp_path / "needle.duckdb")
+    with open_store(url) as store:
+        run_id = store.create_run({"prompt": "x"}, status="running")
+        store.save_result(run_id, known_result())
+    return url, run_id
+
+
+def test_trace_reports_kept_rank_and_mass_per_layer_and_step(stored):
+    url, run_id = stored
+    with open_store(url) as store:
+        t = trace(store, run_id, "KEY-4242")
+    assert t.needle.blocks == [2] and t.needle.spans == [(9, 11)]
+    got = [(s.label, s.layer, s.kept, s.ranks) for s in t.steps]
+    assert got == [
+        ("prefill", 0, [True], [None]),
+        ("prefill", 1, [True], [2]),
+        ("prefill", 2, [False], [5]),
+        ("decode 1", 1, [False], [4]),
+        ("decode 1", 2, [True], [1]),
+    ]
+    assert all(s.mass == pytest.approx(0.5) for s in t.steps)
+    assert t.first_drop().layer == 2 and t.first_drop().phase == "prefill"
+    assert "first dropped at prefill, layer 2" in t.sentence() and "rank 5" in t.sentence()
+
+
+def test_trace_cli_table_json_and_missing_text(stored, capsys):
+    url, run_id = stored
+    assert main(["trace", run_id, "--text", "4242", "--db", url]) == 0
+    out = capsys.readouterr().out
+    assert "prefill        2      B2  NO        5  0.5000" in out
+    assert "first dropped at prefill, layer 2" in out
+    assert main(["trace", run_id, "--text", "KEY", "--db", url, "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj["blocks"] == [2] and obj["first_drop"]["layer"] == 2
+    assert [s["kept"] for s in obj["steps"]] == [[True], [True], [False], [False], [True]]
+    assert main(["trace", run_id, "--text", "no such needle", "--db", url]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "does not occur" in err
+    assert main(["trace", "not-a-run", "--text", "KEY", "--db", url]) == 2
+
+
+def test_find_needle_spans_blocks_and_every_occurrence():
+    import pandas as pd
+
+    toks = pd.DataFrame(
+        {
+            "variant": "sparse",
+            "position": range(8),
+            "text": ["ab", "c", "d ", "x", "ab", "cd", "e", "f"],
+        }
+    )
+    blocks = pd.DataFrame({"block": [0, 1, 2], "token_start": [0, 3, 6], "token_end": [3, 6, 8]})
+    nd = find_needle("bcd", toks, blocks, 8)
+    assert nd.spans == [(0, 3), (4, 6)] and nd.blocks == [0, 1]
+    assert find_needle("d xa", toks, blocks, 8).blocks == [0, 1]
+    with pytest.raises(NeedleNotFound):
+        find_needle("zz", toks, blocks, 8)
+    with pytest.raises(NeedleNotFound):
+        find_needle("", toks, blocks, 8)
+    assert score_ranks(np.array([0.1, 0.9, np.nan, 0.5]), [0, 1, 2, 3]) == [3, 1, None, 2]
