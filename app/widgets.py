@@ -140,6 +140,11 @@ def tokens(url: str, run_id: str) -> pd.DataFrame:
     return _store(url).tokens(run_id)
 
 
+@st.cache_data(show_spinner=False, max_entries=16)
+def last_rows(url: str, run_id: str) -> list[dict[str, Any]]:
+    return _store(url).last_rows(run_id)
+
+
 @st.cache_data(show_spinner=False, max_entries=64)
 def run_meta(url: str, run_id: str) -> dict[str, Any]:
     return _store(url).get_run(run_id)
@@ -147,7 +152,7 @@ def run_meta(url: str, run_id: str) -> dict[str, Any]:
 
 def clear_caches() -> None:
     """After a delete or an import: cached reads may name runs that changed."""
-    for fn in (heatmap, decode_rows, layer_stats, blocks, tokens, run_meta):
+    for fn in (heatmap, decode_rows, layer_stats, blocks, tokens, run_meta, last_rows):
         fn.clear()
 
 

@@ -24,6 +24,7 @@ from sketchwalk.app.figures.masks import (
     mask_figure,
     mass_recall,
 )
+from sketchwalk.app.figures.needle import needle_strip, outline_blocks
 from sketchwalk.app.figures.preview import method_scores, preview_selection, selection_rule
 from sketchwalk.app.figures.speed import (
     STAGES,
@@ -57,6 +58,8 @@ __all__ = [
     "mask_figure",
     "mass_recall",
     "method_scores",
+    "needle_strip",
+    "outline_blocks",
     "overall_speedup",
     "preview_selection",
     "selection_rule",

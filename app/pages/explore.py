@@ -11,6 +11,13 @@ import numpy as np
 import streamlit as st
 
 from sketchwalk.app import figures, widgets
+from sketchwalk.store.needle import (
+    NeedleNotFound,
+    NeedleTrace,
+    find_needle,
+    needle_steps,
+    strip_matrix,
+)
 
 PLAY_INTERVAL_S = 0.8
 
@@ -29,6 +36,31 @@ prompt_tokens = int(run.get("prompt_tokens") or 0)
 
 with st.expander("Prompt (as text)"):
     st.text(run["prompt"])
+
+# ---- needle: a text in the prompt, followed through every layer and step -------------------
+needle_text = st.text_input(
+    "Needle: text in the prompt to follow (e.g. a pass key)",
+    key="ex_needle",
+    max_chars=200,
+    help="Its blocks are outlined on every heatmap; the strip shows, per layer and step, "
+    "whether they were kept, their rank in the selecting scores and their exact mass.",
+)
+needle_blocks: list[int] = []
+if needle_text:
+    try:
+        needle = find_needle(needle_text, widgets.tokens(url, run_id), blocks, prompt_tokens)
+    except NeedleNotFound:
+        st.warning("That text does not occur in this run's prompt.")
+    else:
+        needle_blocks = needle.blocks
+        trace = NeedleTrace(run_id, needle, needle_steps(widgets.last_rows(url, run_id), needle))
+        st.info(trace.sentence())
+        if trace.steps:
+            st.plotly_chart(
+                figures.needle_strip(strip_matrix(trace.steps)),
+                key="needle_strip",
+                config={"displaylogo": False},
+            )
 
 # ---- where: phase, step, layer ------------------------------------------------------------
 phases = [p for p in ("prefill", "decode") if (stats["phase"] == p).any()]
@@ -84,6 +116,8 @@ with s2:
 t0 = time.perf_counter()
 hm = widgets.heatmap(url, run_id, phase, int(step), int(layer))
 figs = figures.layer_figures(hm, blocks, log=log, palette=palette, miss_threshold=miss_threshold)
+for fig in figs.values():
+    figures.outline_blocks(fig, needle_blocks, int(hm["n_blocks"]))
 build_ms = widgets.ms(t0)
 row = stats[(stats["phase"] == phase) & (stats["step"] == step) & (stats["layer"] == layer)].iloc[0]
 
@@ -147,6 +181,7 @@ else:
         title=f"PREVIEW (not a run): blocks kept at density {rho:.2f}, layer {layer}",
         misses=figures.find_misses(hm.get("exact"), kept, miss_threshold),
     )
+    figures.outline_blocks(pfig, needle_blocks, n)
     st.plotly_chart(pfig, key="preview", config={"displaylogo": False})
     if st.button(f"Re-run at density {rho:.2f} for real", key="btn_rerun_density"):
         job_id = widgets.submit(store, widgets.rerun_request(run, density=float(rho)))
@@ -181,6 +216,7 @@ elif view == "Depth view (the walk)":
             )
             dfigs = figures.depth_figures(depth, blocks, log=log, palette=palette)
             for name, fig in dfigs.items():
+                figures.outline_blocks(fig, needle_blocks, int(depth["n_blocks"]))
                 st.plotly_chart(fig, key=f"depth_{name}")
 else:
     rows = widgets.decode_rows(url, run_id, int(layer))
@@ -192,6 +228,7 @@ else:
     if fig is None:
         st.caption("No decode records for this layer (dense decode, or no tokens generated).")
     else:
+        figures.outline_blocks(fig, needle_blocks, int(np.max(rows["n_blocks"])))
         st.plotly_chart(fig, key="decode")
 
 st.download_button(
