@@ -17,7 +17,7 @@ st.set_page_config(page_title="Sketch&Walk explorer", page_icon=":material/explo
 # Widget values of a page are dropped while another page shows; re-assigning them keeps the
 # New run form (and the Explore choices) as the person left them.
 for _key in list(st.session_state):
-    if _key.startswith(("nr_", "ex_")):
+    if _key.startswith(("nr_", "ex_", "df_")):
         st.session_state[_key] = st.session_state[_key]
 
 PAGES = [
@@ -39,6 +39,12 @@ PAGES = [
         title="Compare",
         icon=":material/compare:",
         url_path="compare",
+    ),
+    st.Page(
+        HERE / "pages" / "mask_diff.py",
+        title="Mask diff",
+        icon=":material/difference:",
+        url_path="diff",
     ),
     st.Page(HERE / "pages" / "speed.py", title="Speed", icon=":material/speed:", url_path="speed"),
     st.Page(

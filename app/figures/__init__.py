@@ -16,6 +16,7 @@ from sketchwalk.app.figures.common import (
 )
 from sketchwalk.app.figures.curves import CURVES, layer_curves
 from sketchwalk.app.figures.depth import depth_figures, depth_matrices
+from sketchwalk.app.figures.diff import MaskDiff, diff_curves, diff_figure, mask_diff
 from sketchwalk.app.figures.heatmaps import heatmap_figure, layer_figures, log_values
 from sketchwalk.app.figures.masks import (
     causal_mask,
@@ -38,6 +39,7 @@ from sketchwalk.app.figures.tokens import decode_figure, kl_strip, token_table
 __all__ = [
     "CURVES",
     "LOG_FLOOR",
+    "MaskDiff",
     "MATRIX_TITLES",
     "OKABE_ITO",
     "PALETTES",
@@ -47,6 +49,8 @@ __all__ = [
     "decode_figure",
     "depth_figures",
     "depth_matrices",
+    "diff_curves",
+    "diff_figure",
     "escape_text",
     "find_misses",
     "heatmap_figure",
@@ -55,6 +59,7 @@ __all__ = [
     "layer_curves",
     "layer_figures",
     "log_values",
+    "mask_diff",
     "mask_figure",
     "mass_recall",
     "method_scores",

@@ -73,6 +73,9 @@ else:
     b = b[b["variant"] == "sparse"]
     table = figures.token_table(pd.concat([a, b]), n)
     table = table.rename(columns={"dense": "A", "sparse": "B", "kl": "kl (B)"})
+    if st.button("Diff the two runs' masks, layer by layer", key="btn_cmp_diff"):
+        st.session_state["diff_pair"] = (run_id, other)
+        st.switch_page("pages/mask_diff.py")
 
 c1, c2 = st.columns(2)
 with c1:

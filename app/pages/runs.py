@@ -56,6 +56,11 @@ labels = {r["id"]: widgets.run_label(r) for _, r in runs.iterrows()}
 picked = st.multiselect(
     "Selected runs", list(view["id"]), format_func=lambda i: labels.get(i, i), key="runs_picked"
 )
+if st.button(
+    "Diff the masks of the two selected runs", disabled=len(picked) != 2, key="btn_runs_diff"
+):
+    st.session_state["diff_pair"] = tuple(picked)
+    st.switch_page("pages/mask_diff.py")
 c1, c2 = st.columns(2)
 with c1:
     st.download_button(

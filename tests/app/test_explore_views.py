@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from run_helpers import new_app, spec
+import pytest
+from known_runs import save_known
+from run_helpers import new_app, spec, z_array
 
 from sketchwalk.store import open_store
 from sketchwalk.store.needle import trace
@@ -48,3 +50,45 @@ def test_needle_outlines_blocks_draws_the_strip_and_says_where_it_was_dropped(ap
     at.text_input(key="ex_needle").input("not in this prompt at all 123").run()
     assert any("does not occur" in w.value for w in at.warning)
     assert not any(t.startswith("Needle through") for t in _charts(at))
+
+
+@pytest.fixture
+def known_pair(monkeypatch, tmp_path):
+    """A fresh store holding two runs of one prompt whose masks are known (tests/known_runs)."""
+    url = str(tmp_path / "pair.duckdb")
+    with open_store(url) as store:
+        a = save_known(store)
+        b = save_known(store, flip=True, method="nowalk")
+    monkeypatch.setenv("SKETCHWALK_DB", url)
+    monkeypatch.setenv("SKETCHWALK_APP_WORKER", "0")
+    return url, a, b
+
+
+def test_mask_diff_from_runs_and_compare_counts_each_side(known_pair):
+    url, a, b = known_pair
+    at = new_app().run()
+    at.switch_page("pages/runs.py").run()
+    assert at.button(key="btn_runs_diff").disabled
+    at.multiselect(key="runs_picked").select(a).select(b).run()
+    at.button(key="btn_runs_diff").click().run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="df_a").value == a and at.selectbox(key="df_b").value == b
+    assert at.select_slider(key="df_layer").value == 1  # the first sparse layer
+    # layer 1, last row: A keeps {0, 2}, B keeps {0, 1}; other rows keep block 0 in both
+    got = {m.label: m.value for m in at.metric}
+    assert (got["A only"], got["B only"], got["Both"]) == ("1", "1", "6")
+    assert got["KL A / B (prompt)"] == "0.0100 / 0.0200"
+    figs = _charts(at)
+    assert "Kept by A only / B only / both: 1 A only, 1 B only, 6 both" in figs
+    curve = figs["Mask diff per layer"]["data"][0]
+    assert curve["name"] == "overlap (both / either)"
+    y = z_array({"z": curve["y"]})
+    assert [round(float(v), 4) for v in y] == [1.0, 0.75, 0.75]
+
+    at.switch_page("pages/compare.py").run()
+    at.selectbox(key="cmp_run").select(b).run()
+    at.radio(key="cmp_mode").set_value("another run's sparse generation").run()
+    at.selectbox(key="cmp_other").select(a).run()
+    at.button(key="btn_cmp_diff").click().run()
+    assert not at.exception, at.exception
+    assert at.selectbox(key="df_a").value == b and at.selectbox(key="df_b").value == a

@@ -6,82 +6,18 @@ import json
 
 import numpy as np
 import pytest
+from known_runs import save_known
 
 from sketchwalk.cli.main import main
-from sketchwalk.engine.records import BlockSpan, LayerRecord, RunResult, TokenRecord
 from sketchwalk.store import open_store
 from sketchwalk.store.needle import NeedleNotFound, find_needle, score_ranks, trace
-
-B, N = 4, 6  # block size, prompt blocks
-WORDS = [f"w{i} " for i in range(N * B)]
-WORDS[9], WORDS[10] = "KEY-", "4242 "  # the needle: tokens 9-10, block 2
-
-
-def _layer(phase, step, layer, n, keep_needle, walk_rank_of_needle, dense=False):
-    """One record whose last row keeps (or drops) block 2, with block 2 at a known rank."""
-    rows = n if phase == "prefill" else 1
-    q = np.arange(n) if phase == "prefill" else np.array([n - 1])
-    walk = np.tile(np.linspace(1.0, 0.1, n, dtype=np.float32), (rows, 1))
-    order = [j for j in range(n) if j != 2]
-    order.insert(walk_rank_of_needle - 1, 2)
-    walk[-1, order] = np.linspace(1.0, 0.1, n, dtype=np.float32)  # order[0] scores highest
-    exact = np.full((rows, n), 0.5 / (n - 1), dtype=np.float32)
-    exact[-1, 2] = 0.5
-    sel = np.zeros((rows, n), dtype=bool)
-    sel[:, 0] = True
-    sel[-1, 2] = keep_needle
-    return LayerRecord(
-        phase,
-        step,
-        layer,
-        dense,
-        n,
-        q,
-        sketch=walk.copy(),
-        walk=None if dense else walk,
-        exact=exact,
-        selected=None if dense else sel,
-    )
-
-
-def known_result() -> RunResult:
-    layers = [
-        _layer("prefill", 0, 0, N, True, 1, dense=True),
-        _layer("prefill", 0, 1, N, True, 2),
-        _layer("prefill", 0, 2, N, False, 5),
-        _layer("decode", 1, 1, N, False, 4),
-        _layer("decode", 1, 2, N, True, 1),
-    ]
-    tokens = [
-        TokenRecord(v, p, p, WORDS[p], None if p == 0 else -1.0)
-        for v in ("dense", "sparse")
-        for p in range(N * B)
-    ]
-    return RunResult(
-        "tiny",
-        None,
-        "".join(WORDS),
-        N * B,
-        "sketchwalk",
-        {"block_size": B},
-        "cpu",
-        {},
-        "",
-        "",
-        {},
-        {},
-        layers,
-        [BlockSpan(b, b * B, (b + 1) * B, "") for b in range(N)],
-        tokens,
-    )
 
 
 @pytest.fixture
 def stored(tmp_path):
     url = str(tmp_path / "needle.duckdb")
     with open_store(url) as store:
-        run_id = store.create_run({"prompt": "x"}, status="running")
-        store.save_result(run_id, known_result())
+        run_id = save_known(store)
     return url, run_id
 
 
