@@ -17,7 +17,12 @@ from sketchwalk.app.figures.common import (
 from sketchwalk.app.figures.curves import CURVES, layer_curves
 from sketchwalk.app.figures.depth import depth_figures, depth_matrices
 from sketchwalk.app.figures.diff import MaskDiff, diff_curves, diff_figure, mask_diff
-from sketchwalk.app.figures.heatmaps import heatmap_figure, layer_figures, log_values
+from sketchwalk.app.figures.heatmaps import (
+    heatmap_figure,
+    layer_figures,
+    log_values,
+    mask_view_figure,
+)
 from sketchwalk.app.figures.masks import (
     causal_mask,
     find_misses,
@@ -34,16 +39,20 @@ from sketchwalk.app.figures.speed import (
     stage_figure,
     sweep_figure,
 )
+from sketchwalk.app.figures.tiles import MAX_SIDE, View, aggregate, plan_view, view_labels
 from sketchwalk.app.figures.tokens import decode_figure, kl_strip, token_table
 
 __all__ = [
     "CURVES",
     "LOG_FLOOR",
+    "MAX_SIDE",
     "MaskDiff",
     "MATRIX_TITLES",
     "OKABE_ITO",
     "PALETTES",
     "STAGES",
+    "View",
+    "aggregate",
     "block_labels",
     "causal_mask",
     "decode_figure",
@@ -61,15 +70,18 @@ __all__ = [
     "log_values",
     "mask_diff",
     "mask_figure",
+    "mask_view_figure",
     "mass_recall",
     "method_scores",
     "needle_strip",
     "outline_blocks",
     "overall_speedup",
+    "plan_view",
     "preview_selection",
     "selection_rule",
     "speedups",
     "stage_figure",
     "sweep_figure",
     "token_table",
+    "view_labels",
 ]

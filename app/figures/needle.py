@@ -9,17 +9,23 @@ import numpy as np
 import plotly.graph_objects as go
 
 from sketchwalk.app.figures.common import OKABE_ITO
+from sketchwalk.app.figures.tiles import View
 
 NEEDLE_COLOUR = OKABE_ITO["orange"]
 
 
-def outline_blocks(fig: go.Figure, blocks: Sequence[int], n: int) -> go.Figure:
+def outline_blocks(
+    fig: go.Figure, blocks: Sequence[int], n: int, view: View | None = None
+) -> go.Figure:
     """Outline key-block columns (x = block index on a categorical axis) over the whole height.
 
     Consecutive blocks share one rectangle, so a needle costs a shape or two, not one per cell.
+    With a `view` (a region or tiles), the columns are the view's: (block - k0) // tile.
     """
+    k0, k1, t = (0, n, 1) if view is None else (view.k0, view.k1, view.tile)
+    cols = {(int(b) - k0) // t for b in blocks if k0 <= int(b) < min(k1, n)}
     runs: list[list[int]] = []
-    for b in sorted(int(b) for b in blocks if 0 <= int(b) < n):
+    for b in sorted(cols):
         if runs and b == runs[-1][1] + 1:
             runs[-1][1] = b
         else:

@@ -115,9 +115,25 @@ with s2:
 # ---- the layer's four matrices -------------------------------------------------------------
 t0 = time.perf_counter()
 hm = widgets.heatmap(url, run_id, phase, int(step), int(layer))
-figs = figures.layer_figures(hm, blocks, log=log, palette=palette, miss_threshold=miss_threshold)
+n_hm = int(hm["n_blocks"])
+region = None
+if n_hm > figures.MAX_SIDE:  # long context: tiles when zoomed out, full detail in a region
+    z1, z2 = st.columns(2)
+    for key in ("ex_zoom_q", "ex_zoom_k"):
+        lo_hi = st.session_state.get(key)
+        if not (isinstance(lo_hi, tuple | list) and 0 <= lo_hi[0] <= lo_hi[1] < n_hm):
+            st.session_state[key] = (0, n_hm - 1)
+    with z1:
+        zq = st.slider("Zoom: query blocks", 0, n_hm - 1, key="ex_zoom_q")
+    with z2:
+        zk = st.slider("Zoom: key blocks", 0, n_hm - 1, key="ex_zoom_k")
+    region = (int(zq[0]), int(zq[1]), int(zk[0]), int(zk[1]))
+view = figures.plan_view(n_hm, region)
+figs = figures.layer_figures(
+    hm, blocks, log=log, palette=palette, miss_threshold=miss_threshold, region=region
+)
 for fig in figs.values():
-    figures.outline_blocks(fig, needle_blocks, int(hm["n_blocks"]))
+    figures.outline_blocks(fig, needle_blocks, n_hm, view)
 build_ms = widgets.ms(t0)
 row = stats[(stats["phase"] == phase) & (stats["step"] == step) & (stats["layer"] == layer)].iloc[0]
 
@@ -134,7 +150,15 @@ n_miss = (
     else 0
 )
 m[4].metric("Misses", n_miss)
-st.caption(f"Layer {layer} · {int(hm['n_blocks'])} blocks · data + figures {build_ms:.0f} ms")
+detail = (
+    f" · zoomed out: tiles of {view.tile}×{view.tile} blocks (colour = max, hover = max and mean);"
+    " narrow the zoom sliders to {0} blocks or fewer for full detail".format(figures.MAX_SIDE)
+    if view.tiled
+    else ""
+)
+st.caption(
+    f"Layer {layer} · {int(hm['n_blocks'])} blocks · data + figures {build_ms:.0f} ms{detail}"
+)
 
 order = [k for k in ("sketch", "walk", "exact", "mask") if k in figs]
 if row["dense"]:
@@ -173,15 +197,21 @@ else:
     with p2:
         st.metric("Preview density", f"{figures.kept_density(kept, causal):.3f}")
         st.metric("Preview mass recall", "–" if recall is None else f"{recall:.3f}")
-    pfig = figures.mask_figure(
-        kept,
-        causal,
-        labels,
-        labels,
-        title=f"PREVIEW (not a run): blocks kept at density {rho:.2f}, layer {layer}",
-        misses=figures.find_misses(hm.get("exact"), kept, miss_threshold),
-    )
-    figures.outline_blocks(pfig, needle_blocks, n)
+    ptitle = f"PREVIEW (not a run): blocks kept at density {rho:.2f}, layer {layer}"
+    if region is None:
+        pfig = figures.mask_figure(
+            kept,
+            causal,
+            labels,
+            labels,
+            title=ptitle,
+            misses=figures.find_misses(hm.get("exact"), kept, miss_threshold),
+        )
+    else:
+        pfig = figures.mask_view_figure(
+            kept, hm.get("exact"), view, blocks, miss_threshold, title=ptitle
+        )
+    figures.outline_blocks(pfig, needle_blocks, n, view if region is not None else None)
     st.plotly_chart(pfig, key="preview", config={"displaylogo": False})
     if st.button(f"Re-run at density {rho:.2f} for real", key="btn_rerun_density"):
         job_id = widgets.submit(store, widgets.rerun_request(run, density=float(rho)))

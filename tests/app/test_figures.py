@@ -219,3 +219,38 @@ def test_speedups_and_sweep():
     points = pd.DataFrame({"density": [0.3, 0.1], "speedup": [1.5, 3.0], "kl": [0.01, 0.05]})
     sweep = figures.sweep_figure(points)
     assert list(sweep.data[0].x) == [0.1, 0.3] and list(sweep.data[1].y) == [0.05, 0.01]
+
+
+def test_tiles_keep_max_and_mean_and_label_each_tile():
+    z = np.arange(36, dtype=np.float32).reshape(6, 6)
+    z[0, 1] = np.nan
+    view = figures.plan_view(6, max_side=3)
+    assert (view.tile, view.q1, view.k1) == (2, 6, 6) and view.tiled
+    mx, mean = figures.aggregate(z, view, "max"), figures.aggregate(z, view, "mean")
+    assert mx.shape == (3, 3) and mx[0, 0] == 7 and mx[2, 2] == 35
+    assert mean[0, 0] == np.float32((0 + 6 + 7) / 3)  # the NaN cell is left out
+    assert figures.view_labels(view, None, 6, "k") == ["B0–B1", "B2–B3", "B4–B5"]
+    detail = figures.plan_view(600, (10, 19, 100, 149))
+    assert (detail.tile, detail.q0, detail.q1, detail.k0, detail.k1) == (1, 10, 20, 100, 150)
+
+
+def test_layer_figures_tile_a_wide_layer_and_show_a_region_in_full():
+    n = 10
+    rng = np.random.default_rng(0)
+    tri = np.tri(n, dtype=bool)
+    walk = np.where(tri, rng.random((n, n)), np.nan).astype(np.float32)
+    hm = {"n_blocks": n, "q_blocks": np.arange(n), "sketch": walk, "walk": walk, "exact": None}
+    hm["selected"] = tri & (walk > 0.5)
+    figs = figures.layer_figures(hm, None, max_side=4)
+    t = figs["walk"].data[0]
+    assert np.asarray(t.z).shape == (4, 4) and "tiles of 3×3" in figs["walk"].layout.title.text
+    np.testing.assert_allclose(t.z[0][0], np.nanmax(walk[:3, :3]))
+    np.testing.assert_allclose(t.customdata[0][0], np.nanmean(walk[:3, :3]), rtol=1e-6)
+    share = np.asarray(figs["mask"].data[0].z)
+    np.testing.assert_allclose(share[1, 0], hm["selected"][3:6, :3][tri[3:6, :3]].mean())
+    region = figures.layer_figures(hm, None, region=(2, 5, 0, 3), max_side=4)
+    assert np.asarray(region["walk"].data[0].z).shape == (4, 4)
+    np.testing.assert_allclose(region["walk"].data[0].z, walk[2:6, 0:4])
+    assert list(region["mask"].data[0].x) == ["B0", "B1", "B2", "B3"]
+    fig = figures.outline_blocks(region["walk"], [2, 3, 9], n, figures.plan_view(n, (2, 5, 0, 3)))
+    assert [(s.x0, s.x1) for s in fig.layout.shapes] == [(1.5, 3.5)]
