@@ -68,13 +68,16 @@ def _f(x, spec: str = ".3f") -> str:
 
 
 ma, mb = ra.get("metrics") or {}, rb.get("metrics") or {}
-m = st.columns(6)
+m = st.columns(4)
 m[0].metric("A only", d.a_only)
 m[1].metric("B only", d.b_only)
 m[2].metric("Both", d.both)
-m[3].metric("Mass recall A / B", f"{_f(d.recall_a)} / {_f(d.recall_b)}")
-m[4].metric("KL A / B (prompt)", f"{_f(ma.get('kl_mean'), '.4f')} / {_f(mb.get('kl_mean'), '.4f')}")
-m[5].metric("Overlap (both / either)", _f(d.jaccard))
+m[3].metric("Overlap (both / either)", _f(d.jaccard))
+q = st.columns(4)
+q[0].metric("Mass recall A", _f(d.recall_a))
+q[1].metric("Mass recall B", _f(d.recall_b))
+q[2].metric("KL A (prompt)", _f(ma.get("kl_mean"), ".4f"))
+q[3].metric("KL B (prompt)", _f(mb.get("kl_mean"), ".4f"))
 st.caption(
     f"A = {labels[a_id]} · B = {labels[b_id]} · layer {layer} · {int(ha['n_blocks'])} blocks"
 )

@@ -77,7 +77,11 @@ def test_mask_diff_from_runs_and_compare_counts_each_side(known_pair):
     # layer 1, last row: A keeps {0, 2}, B keeps {0, 1}; other rows keep block 0 in both
     got = {m.label: m.value for m in at.metric}
     assert (got["A only"], got["B only"], got["Both"]) == ("1", "1", "6")
-    assert got["KL A / B (prompt)"] == "0.0100 / 0.0200"
+    assert (got["KL A (prompt)"], got["KL B (prompt)"]) == ("0.0100", "0.0200")
+    # causal exact mass 0.1 per block, 0.5 on block 2 of the last row; rows 0-4 keep block 0
+    head = 1 + 1 / 2 + 1 / 3 + 1 / 4 + 1 / 5
+    assert got["Mass recall A"] == f"{(head + 0.6) / 6:.3f}"  # last row keeps 0 and 2
+    assert got["Mass recall B"] == f"{(head + 0.2) / 6:.3f}"  # last row keeps 0 and 1
     figs = _charts(at)
     assert "Kept by A only / B only / both: 1 A only, 1 B only, 6 both" in figs
     curve = figs["Mask diff per layer"]["data"][0]

@@ -99,11 +99,18 @@ def test_needle_tracker_and_mask_diff_in_a_real_browser(server, browser, passkey
     page.set_default_timeout(60_000)
 
     # Explore the low-density run, type the pass key: strip, outlines and the sentence appear
-    page.goto(f"{server}/explore?run={low}")
-    page.get_by_role("heading", name="Explore").wait_for(timeout=90_000)
+    page.goto(server)
+    page.get_by_role("heading", name="New run").wait_for(timeout=90_000)
+    settle(page)
+    nav = page.locator('[data-testid="stSidebarNav"]')
+    nav.get_by_text("Explore", exact=True).click()
+    page.get_by_role("heading", name="Explore").wait_for()
+    settle(page)
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Run").first.click()
+    page.get_by_role("option").filter(has_text=low[:8]).first.click()
     page.locator(".js-plotly-plot").nth(3).wait_for()
     settle(page)
-    box = page.get_by_label("Needle: text in the prompt to follow (e.g. a pass key)")
+    box = page.get_by_label("Needle: text in the prompt to follow (e.g. a pass key)", exact=True)
     box.fill(key)
     box.press("Enter")
     page.locator(".gtitle").filter(has_text="Needle through the layers").wait_for()
@@ -116,8 +123,8 @@ def test_needle_tracker_and_mask_diff_in_a_real_browser(server, browser, passkey
     shot(page, "needle-tracker")
 
     # Runs: select both runs, open the diff
-    page.locator('[data-testid="stSidebarNav"]').get_by_text("Runs", exact=True).click()
-    page.get_by_text("Selected runs").wait_for()
+    nav.get_by_text("Runs", exact=True).click()
+    page.get_by_text("Selected runs", exact=True).wait_for()
     settle(page)
     picker = page.locator('[data-testid="stMultiSelect"]').filter(has_text="Selected runs")
     for rid in (low, high):
@@ -128,7 +135,7 @@ def test_needle_tracker_and_mask_diff_in_a_real_browser(server, browser, passkey
     page.get_by_role("button", name="Diff the masks of the two selected runs").click()
     page.locator(".gtitle").filter(has_text="Mask diff per layer").wait_for()
     settle(page)
-    title = page.locator(".gtitle").filter(has_text="Kept by A only").first.inner_text()
+    title = page.locator(".gtitle").filter(has_text="Kept by A only").first.text_content()
     assert " A only, " in title and " both" in title
     a_only = page.locator('[data-testid="stMetric"]').filter(has_text="A only").first.inner_text()
     assert a_only.split()[-1].isdigit()

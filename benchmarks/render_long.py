@@ -1,0 +1,106 @@
+"""Explore at long context in a real browser: first load, then layer-slider moves, timed.
+
+Writes one generated run per length (benchmarks/long_run.py, 4 layers, blocks of 64) to a fresh
+DuckDB file, starts `sketchwalk app` on it, opens Explore on the run in Chromium (Debian's,
+through playwright), and times: the first load (page open -> the four heatmaps drawn) and each
+layer-slider step (key press -> the next layer's caption and heatmaps drawn, the script run
+finished), first visit to a layer and a revisit (cached). Prints the numbers per length.
+
+    .venv/bin/python -m sketchwalk.benchmarks.render_long --tokens 32768 131072
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sketchwalk.benchmarks.app_latency import CHROMIUM, _free_port, _wait_healthy
+
+
+def _settled(page) -> None:
+    page.wait_for_timeout(100)
+    page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden")
+
+
+def measure(url: str, run_id: str, layers: int) -> dict[str, float]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"]
+        )
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(600_000)
+        t0 = time.monotonic()
+        page.goto(f"{url}/explore?run={run_id}")
+        page.locator(".js-plotly-plot .heatmaplayer").nth(3).wait_for()
+        _settled(page)
+        first = time.monotonic() - t0
+        slider = (
+            page.locator('[data-testid="stSlider"]').filter(has_text="Layer").get_by_role("slider")
+        )
+        moves: dict[str, list[float]] = {"new": [], "cached": []}
+        start = int(page.get_by_text("data + figures").first.inner_text().split()[1])
+        path = [("ArrowRight", "new", x) for x in range(start + 1, layers)]
+        path += [("ArrowLeft", "cached", x) for x in range(layers - 2, start - 1, -1)]
+        for key, kind, target in path:
+            slider.focus()
+            t = time.monotonic()
+            slider.press(key)
+            page.get_by_text(f"Layer {target} ·").first.wait_for()
+            _settled(page)
+            moves[kind].append(time.monotonic() - t)
+        browser.close()
+    return {
+        "first_s": first,
+        "new_layer_s": statistics.median(moves["new"]) if moves["new"] else float("nan"),
+        "cached_layer_s": statistics.median(moves["cached"]) if moves["cached"] else float("nan"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[32768, 131072])
+    ap.add_argument("--layers", type=int, default=4)
+    args = ap.parse_args(argv)
+    from sketchwalk.benchmarks.long_run import make_long_result
+    from sketchwalk.store import open_store
+
+    db = Path(tempfile.mkdtemp()) / "long.duckdb"
+    ids = {}
+    with open_store(str(db)) as store:
+        for n in args.tokens:
+            res = make_long_result(n, args.layers)
+            rid = store.create_run({"prompt": res.prompt, "config": res.config}, status="running")
+            store.save_result(rid, res)
+            ids[n] = rid
+    port = _free_port()
+    url = f"http://localhost:{port}"
+    script = Path(sys.executable).with_name("sketchwalk")
+    proc = subprocess.Popen(
+        [str(script), "app", "--db", str(db), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_healthy(url, proc)
+        print("tokens  blocks  first load s  layer step s (new layer)  layer step s (revisit)")
+        for n, rid in ids.items():
+            r = measure(url, rid, args.layers)
+            print(
+                f"{n:>6}  {-(-n // 64):>6}  {r['first_s']:>12.2f}  {r['new_layer_s']:>24.2f}"
+                f"  {r['cached_layer_s']:>22.2f}"
+            )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
