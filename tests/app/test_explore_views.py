@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from known_runs import save_known
 from run_helpers import new_app, spec, z_array
@@ -96,3 +97,31 @@ def test_mask_diff_from_runs_and_compare_counts_each_side(known_pair):
     at.button(key="btn_cmp_diff").click().run()
     assert not at.exception, at.exception
     assert at.selectbox(key="df_a").value == b and at.selectbox(key="df_b").value == a
+
+
+def test_long_layer_is_tiled_and_the_zoom_shows_full_detail(monkeypatch, tmp_path):
+    from sketchwalk.benchmarks.long_run import make_long_result
+
+    url = str(tmp_path / "long.duckdb")
+    res = make_long_result(17_000, layers=3, decode=1)  # 266 blocks of 64: over 256 a side
+    with open_store(url) as store:
+        rid = store.create_run({"prompt": res.prompt, "config": res.config}, status="running")
+        store.save_result(rid, res)
+        walk = store.heatmap(rid, "prefill", 0, 1)["walk"]
+    monkeypatch.setenv("SKETCHWALK_DB", url)
+    monkeypatch.setenv("SKETCHWALK_APP_WORKER", "0")
+    at = _explore(rid)
+    assert at.select_slider(key="ex_layer").value == 1
+    assert "tiles of 2×2 blocks" in at.caption[0].value
+    figs = _charts(at)
+    tiled = next(f for t, f in figs.items() if t.startswith("Walk score W_l · tiles of 2×2"))
+    assert z_array(tiled["data"][0]).shape == (133, 133)
+    assert len(tiled["data"][0]["x"]) == 133  # one label per tile, not per block
+    at.slider(key="ex_zoom_q").set_value((200, 265)).run()
+    at.slider(key="ex_zoom_k").set_value((0, 99)).run()
+    assert not at.exception, at.exception
+    assert "tiles" not in at.caption[0].value
+    detail = _charts(at)["Walk score W_l"]["data"][0]
+    z = z_array(detail)
+    assert z.shape == (66, 100)
+    np.testing.assert_allclose(10**z, np.maximum(walk[200:266, :100], 1e-6), rtol=1e-4)
