@@ -228,6 +228,10 @@ default is the real engine run; tests and other job kinds can plug in their own.
 
 def run_engine_job(worker: Worker, job) -> str | None:
     """The default job runner: the real dense-vs-sparse run through the engine."""
+    if job.request.get("kind") == "eval":  # an eval grid queued by the Benchmarks page
+        from sketchwalk.eval.job import run_eval_job
+
+        return run_eval_job(worker, job)
     return execute_job(
         worker.store, job, worker.models, worker.settings, worker.device, worker.checkpoint
     )

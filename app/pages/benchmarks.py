@@ -15,7 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import streamlit as st
 
+from sketchwalk import settings
 from sketchwalk.app import widgets
+from sketchwalk.eval import job as eval_job
 from sketchwalk.eval import report as eval_report
 from sketchwalk.eval.frontier import distance_to_oracle, variant_label
 from sketchwalk.store import jsonio
@@ -88,10 +90,44 @@ store = widgets.setup("Benchmarks")
 results = store.eval_results()
 if not results.empty:
     results["variant"] = [variant_label(c or {}) for c in results["config"]]
+EVAL_JOB = "bm_eval_job"
+
+
+def _eval_job_panel() -> None:
+    """The queued eval's progress; one full rerun when it ends, so its rows show."""
+    job = store.get_job(st.session_state[EVAL_JOB])
+    widgets.show_job(job)
+    active = job.status in ("queued", "running")
+    if not active and st.session_state.get("bm__was_active"):
+        st.session_state["bm__was_active"] = False
+        st.rerun()
+    st.session_state["bm__was_active"] = active
+
+
+with st.expander("Queue a small eval", expanded=results.empty):
+    small = eval_job.SMALL_EVAL
+    st.caption(
+        f"Pass-key retrieval at {small['lengths'][0]} tokens (depths "
+        f"{', '.join(str(d) for d in small['depths'])}) on the default model: "
+        f"{' and '.join(small['methods'])} at densities "
+        f"{', '.join(str(d) for d in small['densities'])} against dense. A job for the worker "
+        "(a few minutes on two CPU cores); its rows appear below when it is done. Larger grids: "
+        "`sketchwalk eval --tasks lm,retrieval --lengths 2048`."
+    )
+    if st.button("Queue a small eval", key="btn_bm_eval"):
+        st.session_state[EVAL_JOB] = store.enqueue_job(eval_job.eval_request())
+        worker = widgets.ensure_worker()
+        if worker is not None:
+            worker.wake()
+    if EVAL_JOB in st.session_state:
+        job_now = store.get_job(st.session_state[EVAL_JOB])
+        polling = job_now.status in ("queued", "running")
+        st.fragment(_eval_job_panel, run_every=settings.load().poll_s if polling else None)()
+
 if results.empty:
     st.info(
-        "No eval results yet. Run a grid from the command line, for example "
-        "`sketchwalk eval --tasks lm,retrieval --lengths 2048`; its rows appear here."
+        "No eval results yet: queue the small eval above, or run a grid from the command line "
+        "with `sketchwalk eval --tasks lm,retrieval --lengths 2048`."
     )
     st.stop()
 

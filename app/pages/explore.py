@@ -174,11 +174,33 @@ if "exact" not in figs and not row["dense"]:
     st.caption("Exact block mass was not recorded (context longer than the recorder's limit).")
 
 # ---- density preview -----------------------------------------------------------------------
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _preview(url: str, run_id: str, layer: int, rho: float) -> np.ndarray:
+    """The preview's kept blocks, cached: moving another control must not recompute it."""
+    meta = widgets.run_meta(url, run_id)
+    conf = meta.get("config") or {}
+    layer_hm = widgets.heatmap(url, run_id, "prefill", 0, layer)
+    method_scores = figures.method_scores(
+        layer_hm, meta.get("method") or conf.get("method", "sketchwalk")
+    )
+    return figures.preview_selection(method_scores, int(meta.get("prompt_tokens") or 0), conf, rho)
+
+
 st.subheader("Density preview")
 scores = figures.method_scores(hm, run.get("method") or cfg.get("method", "sketchwalk"))
+show_preview = True
 if phase != "prefill" or row["dense"] or scores is None:
     st.caption("The preview re-thresholds stored prefill scores of a sparse layer: pick one above.")
-else:
+    show_preview = False
+elif n_hm > figures.MAX_SIDE:  # the engine's selection over thousands of rows takes seconds
+    show_preview = st.toggle(
+        f"Compute the preview ({n_hm} blocks: several seconds per density)",
+        value=False,
+        key="ex_preview_on",
+    )
+if show_preview:
     p1, p2 = st.columns([3, 1])
     with p1:
         rho = st.slider(
@@ -189,7 +211,7 @@ else:
             0.01,
             key="ex_preview_density",
         )
-    kept = figures.preview_selection(scores, prompt_tokens, cfg, rho)
+    kept = _preview(url, run_id, int(layer), float(rho))
     n = int(hm["n_blocks"])
     causal = figures.causal_mask(n, n)
     labels = figures.block_labels(blocks, n)

@@ -100,3 +100,29 @@ def test_frontier_cells_show_their_distance_to_the_oracle(db):
     sw = gaps[gaps["method"] == "sketchwalk"].set_index("variant")
     assert sw.loc["b16 group", "kl_gap"] == pytest.approx(0.03)
     assert sw.loc["b32 group", "kl_gap"] == pytest.approx(0.06)
+
+
+def test_queue_a_small_eval_shows_progress_then_its_rows(db, monkeypatch, tiny_model, models):
+    from sketchwalk.eval import job as eval_job
+    from sketchwalk.worker.loop import Worker
+
+    small = {"model": tiny_model, "lengths": [256], "depths": [0.5], "methods": ["sketchwalk"]}
+    small.update(densities=[0.3], block_size=16, new_tokens=2)
+    for k, v in small.items():
+        monkeypatch.setitem(eval_job.SMALL_EVAL, k, v)
+    at = page().run()
+    assert at.expander[0].label == "Queue a small eval"
+    at.button(key="btn_bm_eval").click().run()
+    assert not at.exception, at.exception
+    with open_store(db) as store:
+        (job,) = store.list_jobs()
+        assert job.request["kind"] == "eval" and job.request["model"] == tiny_model
+        assert job.status == "queued"
+        Worker(store, models=models).drain()
+        assert store.get_job(job.id).status == "done"
+    at.run()
+    assert not at.exception, at.exception
+    assert any("done" in s.value for s in at.success)
+    assert titles(at)  # the eval's rows are plotted
+    table = at.dataframe[0].value
+    assert table["task"].tolist() == ["retrieval"] and table["method"].tolist() == ["sketchwalk"]
