@@ -8,6 +8,7 @@ the end, the classic test of whether sparse attention still finds one far-away b
 from __future__ import annotations
 
 import random
+import re
 from importlib import resources
 
 SAMPLES_DIR = "samples"
@@ -53,11 +54,23 @@ def needle_prompt(n_sentences: int = 300, depth: float = 0.5, seed: int = 0) -> 
     return intro + " ".join(sentences) + "\n\nWhat is the pass key? The pass key is", key
 
 
+PASS_KEY = re.compile(r"The pass key is (\d{5})\. Remember it\.")
+
+
+def find_pass_key(prompt: str) -> str | None:
+    """The key of a pass-key prompt made by `needle_prompt` (what Explore follows by default)."""
+    m = PASS_KEY.search(prompt or "")
+    return m.group(1) if m else None
+
+
 SAMPLES = {
     "Apache-2.0 license (≈2k tokens)": license_text,
     "Python code file (≈1.3k tokens)": code_text,
     "Pass-key retrieval (≈1k tokens)": lambda: needle_prompt(150)[0],
     "Pass-key retrieval (≈2k tokens)": lambda: needle_prompt(300)[0],
     "Pass-key retrieval (≈4k tokens)": lambda: needle_prompt(600)[0],
+    "Needle found or lost: pass key near the start (≈2k tokens; Explore follows it)": lambda: (
+        needle_prompt(300, depth=0.1, seed=7)[0]
+    ),
 }
 """Label shown in the New run page -> function returning the prompt text."""

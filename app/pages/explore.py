@@ -10,7 +10,7 @@ import time
 import numpy as np
 import streamlit as st
 
-from sketchwalk.app import figures, widgets
+from sketchwalk.app import figures, prompts, widgets
 from sketchwalk.store.needle import (
     NeedleNotFound,
     NeedleTrace,
@@ -38,6 +38,9 @@ with st.expander("Prompt (as text)"):
     st.text(run["prompt"])
 
 # ---- needle: a text in the prompt, followed through every layer and step -------------------
+if st.session_state.get("ex_needle_run") != run_id:  # a pass-key run: follow its key at once
+    st.session_state["ex_needle_run"] = run_id
+    st.session_state["ex_needle"] = prompts.find_pass_key(run.get("prompt") or "") or ""
 needle_text = st.text_input(
     "Needle: text in the prompt to follow (e.g. a pass key)",
     key="ex_needle",

@@ -125,3 +125,13 @@ def test_long_layer_is_tiled_and_the_zoom_shows_full_detail(monkeypatch, tmp_pat
     z = z_array(detail)
     assert z.shape == (66, 100)
     np.testing.assert_allclose(10**z, np.maximum(walk[200:266, :100], 1e-6), rtol=1e-4)
+
+
+def test_pass_key_samples_name_their_key():
+    from sketchwalk.app import prompts
+
+    prompt, key = prompts.needle_prompt(50, depth=0.1, seed=7)
+    assert prompts.find_pass_key(prompt) == key
+    assert prompts.find_pass_key("no key here. The pass key is 12.") is None
+    label = next(k for k in prompts.SAMPLES if k.startswith("Needle found or lost"))
+    assert prompts.find_pass_key(prompts.SAMPLES[label]()) is not None

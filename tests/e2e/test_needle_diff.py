@@ -111,6 +111,7 @@ def test_needle_tracker_and_mask_diff_in_a_real_browser(server, browser, passkey
     page.locator(".js-plotly-plot").nth(3).wait_for()
     settle(page)
     box = page.get_by_label("Needle: text in the prompt to follow (e.g. a pass key)", exact=True)
+    assert box.input_value() == key  # a pass-key run: Explore follows its key at once
     box.fill(key)
     box.press("Enter")
     page.locator(".gtitle").filter(has_text="Needle through the layers").wait_for()
