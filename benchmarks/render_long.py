@@ -27,7 +27,7 @@ def _settled(page) -> None:
     page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden")
 
 
-def measure(url: str, run_id: str, layers: int) -> dict[str, float]:
+def measure(url: str, run_id: str, layers: int, shot: Path | None = None) -> dict[str, float]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -41,6 +41,11 @@ def measure(url: str, run_id: str, layers: int) -> dict[str, float]:
         page.locator(".js-plotly-plot .heatmaplayer").nth(3).wait_for()
         _settled(page)
         first = time.monotonic() - t0
+        if shot is not None:  # the zoomed-out view, for the docs
+            page.set_viewport_size({"width": 1400, "height": 2000})
+            page.wait_for_timeout(1500)
+            page.screenshot(path=str(shot))
+            page.set_viewport_size({"width": 1400, "height": 1000})
         slider = (
             page.locator('[data-testid="stSlider"]').filter(has_text="Layer").get_by_role("slider")
         )
@@ -67,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[32768, 131072])
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--screenshots", metavar="DIR", help="save explore-<tokens>.png there")
     args = ap.parse_args(argv)
     from sketchwalk.benchmarks.long_run import make_long_result
     from sketchwalk.store import open_store
@@ -91,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         _wait_healthy(url, proc)
         print("tokens  blocks  first load s  layer step s (new layer)  layer step s (revisit)")
         for n, rid in ids.items():
-            r = measure(url, rid, args.layers)
+            shot = Path(args.screenshots) / f"explore-{n}.png" if args.screenshots else None
+            r = measure(url, rid, args.layers, shot)
             print(
                 f"{n:>6}  {-(-n // 64):>6}  {r['first_s']:>12.2f}  {r['new_layer_s']:>24.2f}"
                 f"  {r['cached_layer_s']:>22.2f}"

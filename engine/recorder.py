@@ -2,6 +2,10 @@
 
 Off in pure inference. The exact block mass needs the full softmax (dense cost), so it is only
 computed up to `exact_max_tokens` of context; past that, exact, sketch error and recall are None.
+
+A layer's record describes all KV-head groups (estimates averaged, kept = kept by any group).
+When selection is per group, each group also gets its own record (phase 'prefill:g1', see
+records.group_phase) up to `group_max_blocks` blocks, so the explorer can show one group.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import torch
 
 from .blockstats import exact_block_mass, mass_recall, row_mean, tv_distance
 from .pipeline import Plan
-from .records import LayerRecord
+from .records import LayerRecord, group_phase
 from .select import selection_mask
 
 
@@ -22,6 +26,7 @@ class RecorderOptions:
     exact_max_tokens: int = 8192  # about 2 s per layer-set at 2k tokens on 2 CPU cores, 30 s at 8k
     time_dense: bool = True  # also time dense SDPA on the same inputs, for per-layer speedups
     decode: bool = True  # record decode steps too
+    group_max_blocks: int = 256  # per-group records (per-group selection) up to this many blocks
 
 
 def _np(x: torch.Tensor | None) -> np.ndarray | None:
@@ -57,8 +62,10 @@ class Recorder:
         n = -(-lk // block_size)
         q0, k0, kv0 = q[:1], k[:1], key_valid[:1]
         exact = plan.exact[:1] if plan is not None and plan.exact is not None else None
+        groups = self._groups(plan, n)
         if exact is None and self.wants_exact(lk):
-            exact = exact_block_mass(q0, k0, scale, block_size, kv0)
+            exact = exact_block_mass(q0, k0, scale, block_size, kv0, groups=max(groups, 1))
+        exact_g = exact.float()[0] if exact is not None else None  # [G, rows, n]
         exact = None if exact is None else exact.float().mean(1)[0]  # [rows, n]
         rows = exact.shape[0] if exact is not None else -(-q.shape[2] // block_size)
         q_blocks = np.arange(n - rows, n)
@@ -100,6 +107,53 @@ class Recorder:
             if sel is not None:
                 rec.mass_recall = row_mean(mass_recall(exact, sel), real)
         self.layers.append(rec)
+        if groups > 1:
+            self._group_records(rec, plan, exact_g, real)
+
+    def _groups(self, plan: Plan | None, n: int) -> int:
+        """How many per-group records this layer gets (0: none)."""
+        if plan is None or plan.selection is None:
+            return 0
+        g = int(selection_mask(plan.selection, n).shape[1])
+        return g if g > 1 and n <= self.options.group_max_blocks else 0
+
+    def _group_records(
+        self, rec: LayerRecord, plan: Plan, exact_g: torch.Tensor | None, real: torch.Tensor
+    ) -> None:
+        n = rec.n_blocks
+        sel = selection_mask(plan.selection, n)[0]  # [G, rows, n]
+        causal = torch.as_tensor(
+            np.arange(n)[None, :] <= np.asarray(rec.q_blocks)[:, None], device=sel.device
+        )
+        for g in range(sel.shape[0]):
+            a = plan.a[0, g].float() if plan.a is not None else None
+            w = plan.w[0, g].float() if plan.w is not None else None
+            ex = None
+            if exact_g is not None and exact_g.shape[0] == sel.shape[0]:
+                ex = exact_g[g]
+            kept = sel[g] & causal
+            grec = LayerRecord(
+                phase=group_phase(rec.phase, g),
+                step=rec.step,
+                layer=rec.layer,
+                dense=False,
+                n_blocks=n,
+                q_blocks=rec.q_blocks,
+                sketch=_np(a),
+                walk=_np(w),
+                exact=_np(ex),
+                selected=_np(sel[g]),
+                density_target=rec.density_target,
+                density_achieved=float(kept.sum() / causal.sum().clamp(min=1)),
+            )
+            if ex is not None:
+                grec.mass_recall = row_mean(mass_recall(ex, sel[g]), real)
+                if w is not None:
+                    w_norm = w / w.sum(-1, keepdim=True).clamp(min=1e-30)
+                    grec.walk_error = row_mean(tv_distance(w_norm, ex), real)
+                if a is not None:
+                    grec.sketch_error = row_mean(tv_distance(a, ex), real)
+            self.layers.append(grec)
 
     @staticmethod
     def _real_rows(key_valid: torch.Tensor, lq: int, block_size: int, rows: int) -> torch.Tensor:

@@ -11,6 +11,20 @@ from typing import Any
 
 import numpy as np
 
+GROUP_TAG = ":g"
+"""Per KV-head-group records (runs with per-group selection) carry phase 'prefill:g1' etc.:
+the same tables hold them, and a store written before they existed still reads."""
+
+
+def group_phase(phase: str, group: int) -> str:
+    return f"{phase}{GROUP_TAG}{int(group)}"
+
+
+def split_phase(phase: str) -> tuple[str, int | None]:
+    """'prefill:g2' -> ('prefill', 2); 'prefill' -> ('prefill', None)."""
+    base, tag, group = str(phase).partition(GROUP_TAG)
+    return (base, int(group)) if tag and group.isdigit() else (str(phase), None)
+
 
 @dataclass
 class LayerRecord:

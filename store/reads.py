@@ -254,7 +254,7 @@ class ReadsMixin:
                 sa.select(
                     ls.c.phase, ls.c.step, ls.c.layer, ls.c.dense, ls.c.n_blocks, ls.c.q_blocks
                 )
-                .where(ls.c.run_id == run_id)
+                .where(ls.c.run_id == run_id, ls.c.phase.in_(("prefill", "decode")))
                 .order_by(ls.c.phase.desc(), ls.c.step, ls.c.layer)
             ).all()
             last = {(r[0], int(r[1]), int(r[2])): max(jsonio.loads(r[5]), default=-1) for r in recs}

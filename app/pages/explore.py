@@ -11,6 +11,7 @@ import numpy as np
 import streamlit as st
 
 from sketchwalk.app import figures, prompts, widgets
+from sketchwalk.engine.records import group_phase, split_phase
 from sketchwalk.store.needle import (
     NeedleNotFound,
     NeedleTrace,
@@ -115,9 +116,36 @@ with s2:
         playing = not playing
         st.session_state["ex_playing"] = playing
 
+# ---- KV-head group (runs with per-group selection) -------------------------------------------
+group_ids = sorted(
+    {
+        g
+        for ph in stats["phase"].unique()
+        for base, g in [split_phase(ph)]
+        if base == phase and g is not None
+    }
+)
+data_phase = phase
+if group_ids:
+    g1, g2 = st.columns([3, 2])
+    with g1:
+        group = st.selectbox(
+            "KV-head group (selection is per group in this run)",
+            [None, *group_ids],
+            format_func=lambda g: "all groups (kept by any)" if g is None else f"group {g}",
+            key="ex_group",
+        )
+    with g2:
+        multiples = st.toggle(
+            "Small multiples: every group's kept blocks", key="ex_group_multiples"
+        )
+    has = (stats["phase"] == group_phase(phase, group or 0)) & (stats["step"] == step)
+    if group is not None and (has & (stats["layer"] == layer)).any():
+        data_phase = group_phase(phase, group)
+
 # ---- the layer's four matrices -------------------------------------------------------------
 t0 = time.perf_counter()
-hm = widgets.heatmap(url, run_id, phase, int(step), int(layer))
+hm = widgets.heatmap(url, run_id, data_phase, int(step), int(layer))
 n_hm = int(hm["n_blocks"])
 region = None
 if n_hm > figures.MAX_SIDE:  # long context: tiles when zoomed out, full detail in a region
@@ -138,7 +166,9 @@ figs = figures.layer_figures(
 for fig in figs.values():
     figures.outline_blocks(fig, needle_blocks, n_hm, view)
 build_ms = widgets.ms(t0)
-row = stats[(stats["phase"] == phase) & (stats["step"] == step) & (stats["layer"] == layer)].iloc[0]
+row = stats[
+    (stats["phase"] == data_phase) & (stats["step"] == step) & (stats["layer"] == layer)
+].iloc[0]
 
 m = st.columns(5)
 m[0].metric("Achieved density", "dense" if row["dense"] else f"{row['density_achieved']:.3f}")
@@ -162,6 +192,25 @@ detail = (
 st.caption(
     f"Layer {layer} · {int(hm['n_blocks'])} blocks · data + figures {build_ms:.0f} ms{detail}"
 )
+if group_ids:
+    _, which = split_phase(data_phase)
+    st.caption(
+        f"Matrices and metrics describe KV-head group {which}."
+        if which is not None
+        else "Matrices and metrics describe all KV-head groups (estimates averaged, kept = kept "
+        "by any group)."
+    )
+    if multiples:
+        cols = st.columns(len(group_ids))
+        for col, g in zip(cols, group_ids, strict=True):
+            if not ((stats["phase"] == group_phase(phase, g)) & (stats["layer"] == layer)).any():
+                continue
+            ghm = widgets.heatmap(url, run_id, group_phase(phase, g), int(step), int(layer))
+            gfig = figures.layer_figures(ghm, blocks, region=region).get("mask")
+            if gfig is not None:
+                gfig.update_layout(title={"text": f"Group {g}: kept blocks"}, height=320)
+                with col:
+                    st.plotly_chart(gfig, key=f"group_mask_{g}", config={"displaylogo": False})
 
 order = [k for k in ("sketch", "walk", "exact", "mask") if k in figs]
 if row["dense"]:

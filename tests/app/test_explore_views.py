@@ -135,3 +135,46 @@ def test_pass_key_samples_name_their_key():
     assert prompts.find_pass_key("no key here. The pass key is 12.") is None
     label = next(k for k in prompts.SAMPLES if k.startswith("Needle found or lost"))
     assert prompts.find_pass_key(prompts.SAMPLES[label]()) is not None
+
+
+def test_per_group_run_lets_explore_pick_a_group_or_show_all(
+    monkeypatch, tmp_path, tiny_model, models
+):
+    from run_helpers import tiny_config
+
+    from sketchwalk.app import prompts
+    from sketchwalk.worker.loop import Worker, make_request
+
+    url = str(tmp_path / "groups.duckdb")
+    with open_store(url) as store:
+        cfg = tiny_config(per_group=True)
+        job = store.enqueue_job(make_request(prompts.license_text()[:900], cfg, tiny_model, 2))
+        Worker(store, models=models).drain()
+        rid = store.get_job(job).run_id
+        g1 = store.heatmap(rid, "prefill:g1", 0, 2)
+        stats = store.layer_stats(rid, "prefill:g1")
+    monkeypatch.setenv("SKETCHWALK_DB", url)
+    monkeypatch.setenv("SKETCHWALK_APP_WORKER", "0")
+    at = _explore(rid)
+    assert at.selectbox(key="ex_group").options == [
+        "all groups (kept by any)",
+        "group 0",
+        "group 1",
+    ]
+    assert any("all KV-head groups" in c.value for c in at.caption)
+    at.selectbox(key="ex_group").set_value(1).run()
+    assert not at.exception, at.exception
+    assert any(c.value == "Matrices and metrics describe KV-head group 1." for c in at.caption)
+    walk = z_array(_charts(at)["Walk score W_l"]["data"][0])
+    np.testing.assert_allclose(walk, np.log10(np.maximum(g1["walk"], 1e-6)), rtol=1e-5)
+    recall = stats[stats["layer"] == 2]["mass_recall"].iloc[0]
+    assert {m.label: m.value for m in at.metric}["Mass recall"] == f"{recall:.3f}"
+    at.toggle(key="ex_group_multiples").set_value(True).run()
+    titles = set(_charts(at))
+    assert {"Group 0: kept blocks", "Group 1: kept blocks"} <= titles
+
+
+def test_runs_without_groups_show_no_group_picker(app_env):
+    url, ids = app_env
+    at = _explore(ids["sketchwalk"])
+    assert not [s for s in at.selectbox if s.key == "ex_group"]

@@ -131,3 +131,27 @@ def test_a_run_reports_its_peak_memory(tiny):
     cfg = SketchWalkConfig(block_size=16, density=0.3)
     res = run(tiny, PROMPT, cfg, RunOptions(max_new_tokens=2, record=False))
     assert 50 < res.timings["peak_rss_mb"] < 64_000
+
+
+def test_per_group_selection_records_each_group(tiny):
+    """Per-group runs keep one record per KV-head group; their union is the layer's record."""
+    import numpy as np
+
+    from sketchwalk.engine.records import split_phase
+
+    cfg = SketchWalkConfig(block_size=16, density=0.3, dense_layers=(0,), per_group=True)
+    res = run(tiny, PROMPT, cfg, RunOptions(max_new_tokens=2))
+    main = {(r.phase, r.step, r.layer): r for r in res.layers if split_phase(r.phase)[1] is None}
+    groups = [r for r in res.layers if split_phase(r.phase)[1] is not None]
+    assert {split_phase(r.phase)[1] for r in groups} == {0, 1}  # the tiny model: 2 KV heads
+    for layer in range(1, 4):
+        g0, g1 = (
+            next(r for r in groups if r.phase == f"prefill:g{g}" and r.layer == layer)
+            for g in (0, 1)
+        )
+        whole = main[("prefill", 0, layer)]
+        assert np.array_equal(g0.selected | g1.selected, whole.selected)
+        np.testing.assert_allclose((g0.exact + g1.exact) / 2, whole.exact, rtol=1e-5, atol=1e-7)
+        assert g0.mass_recall is not None and 0 <= g0.density_achieved <= 1
+    plain = run(tiny, PROMPT, SketchWalkConfig(block_size=16), RunOptions(max_new_tokens=1))
+    assert all(split_phase(r.phase)[1] is None for r in plain.layers)
