@@ -5,7 +5,8 @@ computed up to `exact_max_tokens` of context; past that, exact, sketch error and
 
 A layer's record describes all KV-head groups (estimates averaged, kept = kept by any group).
 When selection is per group, each group also gets its own record (phase 'prefill:g1', see
-records.group_phase) up to `group_max_blocks` blocks, so the explorer can show one group.
+records.group_phase) up to `group_max_blocks` blocks (8k tokens at blocks of 64: the rows
+grow with groups x blocks^2), so the explorer can show one group.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class RecorderOptions:
     exact_max_tokens: int = 8192  # about 2 s per layer-set at 2k tokens on 2 CPU cores, 30 s at 8k
     time_dense: bool = True  # also time dense SDPA on the same inputs, for per-layer speedups
     decode: bool = True  # record decode steps too
-    group_max_blocks: int = 256  # per-group records (per-group selection) up to this many blocks
+    group_max_blocks: int = 128  # per-group records (per-group selection) up to this many blocks
 
 
 def _np(x: torch.Tensor | None) -> np.ndarray | None:

@@ -174,7 +174,7 @@ def test_per_group_run_lets_explore_pick_a_group_or_show_all(
     assert {"Group 0: kept blocks", "Group 1: kept blocks"} <= titles
 
 
-def test_runs_without_groups_show_no_group_picker(app_env):
-    url, ids = app_env
-    at = _explore(ids["sketchwalk"])
+def test_runs_without_groups_show_no_group_picker(known_pair):
+    url, a, _ = known_pair
+    at = _explore(a)
     assert not [s for s in at.selectbox if s.key == "ex_group"]
