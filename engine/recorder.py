@@ -4,7 +4,8 @@ Off in pure inference. The exact block mass needs the full softmax (dense cost),
 computed up to `exact_max_tokens` of context; past that, exact, sketch error and recall are None.
 
 A layer's record describes all KV-head groups (estimates averaged, kept = kept by any group).
-When selection is per group, each group also gets its own record (phase 'prefill:g1', see
+When selection is per group, each group also gets its own record in `group_layers` (phase
+'prefill:g1', see
 records.group_phase) up to `group_max_blocks` blocks (8k tokens at blocks of 64: the rows
 grow with groups x blocks^2), so the explorer can show one group.
 """
@@ -38,6 +39,9 @@ def _np(x: torch.Tensor | None) -> np.ndarray | None:
 class Recorder:
     options: RecorderOptions = field(default_factory=RecorderOptions)
     layers: list[LayerRecord] = field(default_factory=list)
+    group_layers: list[LayerRecord] = field(
+        default_factory=list
+    )  # per KV-head group (phase 'prefill:g1')
 
     def wants_exact(self, lk: int) -> bool:
         return lk <= self.options.exact_max_tokens
@@ -154,7 +158,7 @@ class Recorder:
                     grec.walk_error = row_mean(tv_distance(w_norm, ex), real)
                 if a is not None:
                     grec.sketch_error = row_mean(tv_distance(a, ex), real)
-            self.layers.append(grec)
+            self.group_layers.append(grec)
 
     @staticmethod
     def _real_rows(key_valid: torch.Tensor, lq: int, block_size: int, rows: int) -> torch.Tensor:

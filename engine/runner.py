@@ -320,7 +320,7 @@ def _run(
         sparse_text=tok.decode(sparse.new_ids, skip_special_tokens=True),
         metrics=metrics,
         timings=timings,
-        layers=recorder.layers if recorder is not None else [],
+        layers=recorder.layers + recorder.group_layers if recorder is not None else [],
         blocks=block_spans(tok, ids_list + sparse.new_ids, cfg.block_size),
         tokens=tokens,
     )

@@ -153,5 +153,6 @@ def test_per_group_selection_records_each_group(tiny):
         assert np.array_equal(g0.selected | g1.selected, whole.selected)
         np.testing.assert_allclose((g0.exact + g1.exact) / 2, whole.exact, rtol=1e-5, atol=1e-7)
         assert g0.mass_recall is not None and 0 <= g0.density_achieved <= 1
-    plain = run(tiny, PROMPT, SketchWalkConfig(block_size=16), RunOptions(max_new_tokens=1))
+    one = SketchWalkConfig(block_size=16, per_group=False)
+    plain = run(tiny, PROMPT, one, RunOptions(max_new_tokens=1))
     assert all(split_phase(r.phase)[1] is None for r in plain.layers)
