@@ -21,6 +21,7 @@ from sketchwalk.store.needle import (
 )
 
 PLAY_INTERVAL_S = 0.8
+ALL_GROUPS = -1  # the group picker's "all groups" (None would show as an empty choice)
 
 store = widgets.setup("Explore")
 url = widgets.db_url()
@@ -131,16 +132,16 @@ if group_ids:
     with g1:
         group = st.selectbox(
             "KV-head group (selection is per group in this run)",
-            [None, *group_ids],
-            format_func=lambda g: "all groups (kept by any)" if g is None else f"group {g}",
+            [ALL_GROUPS, *group_ids],
+            format_func=lambda g: "all groups (kept by any)" if g == ALL_GROUPS else f"group {g}",
             key="ex_group",
         )
     with g2:
         multiples = st.toggle(
             "Small multiples: every group's kept blocks", key="ex_group_multiples"
         )
-    has = (stats["phase"] == group_phase(phase, group or 0)) & (stats["step"] == step)
-    if group is not None and (has & (stats["layer"] == layer)).any():
+    has = (stats["phase"] == group_phase(phase, max(group, 0))) & (stats["step"] == step)
+    if group != ALL_GROUPS and (has & (stats["layer"] == layer)).any():
         data_phase = group_phase(phase, group)
 
 # ---- the layer's four matrices -------------------------------------------------------------
