@@ -45,6 +45,16 @@ def _kept(scores: np.ndarray, density: float) -> np.ndarray:
     return causal & ((rank < budget[:, None]) | forced)
 
 
+def _last_kept(scores: np.ndarray, density: float) -> np.ndarray:
+    """The decode row's kept blocks: sink, the last two blocks, then the top scores."""
+    n = scores.size
+    keep = np.zeros(n, dtype=bool)
+    keep[np.argsort(-scores)[: max(1, int(np.ceil(density * n)))]] = True
+    keep[0] = True
+    keep[-2:] = True
+    return keep
+
+
 def make_long_result(
     tokens: int,
     layers: int = 4,
@@ -95,7 +105,7 @@ def make_long_result(
                     sketch=row,
                     walk=None if dense else row * 1.1,
                     exact=row if exact_ok else None,
-                    selected=None if dense else _kept(np.repeat(row, n, 0), density)[-1:],
+                    selected=None if dense else _last_kept(row[0], density)[None],
                 )
             )
     words = [WORDS[k % len(WORDS)] + " " for k in range(tokens)]

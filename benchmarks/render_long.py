@@ -38,7 +38,8 @@ def measure(url: str, run_id: str, layers: int, shot: Path | None = None) -> dic
         page.set_default_timeout(600_000)
         t0 = time.monotonic()
         page.goto(f"{url}/explore?run={run_id}")
-        page.locator(".js-plotly-plot .heatmaplayer").nth(3).wait_for()
+        page.get_by_text("data + figures").first.wait_for()
+        page.locator(".js-plotly-plot .heatmaplayer").nth(2).wait_for()  # sketch, walk, mask
         _settled(page)
         first = time.monotonic() - t0
         if shot is not None:  # the zoomed-out view, for the docs
