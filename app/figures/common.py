@@ -73,8 +73,14 @@ def _ticks(labels: Sequence[str], max_ticks: int = 12) -> dict[str, Any]:
     return {
         "tickmode": "array",
         "tickvals": [labels[i] for i in idx],
-        "ticktext": [str(i) for i in idx],
+        "ticktext": [_block_number(labels[i], i) for i in idx],
     }
+
+
+def _block_number(label: str, fallback: int) -> str:
+    """'B512 · t...' or 'B512–B519' (a tile) -> '512': ticks name blocks, also in zoomed views."""
+    head = str(label).split(" ", 1)[0].split("–", 1)[0]
+    return head[1:] if head[:1] == "B" and head[1:].isdigit() else str(fallback)
 
 
 def _block_layout(

@@ -117,6 +117,33 @@ with s2:
         playing = not playing
         st.session_state["ex_playing"] = playing
 
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _layer_figures(
+    url: str,
+    run_id: str,
+    data_phase: str,
+    step: int,
+    layer: int,
+    log: bool,
+    palette: str,
+    miss_threshold: float,
+    region: tuple[int, int, int, int] | None,
+) -> dict:
+    """A layer's figures, cached: revisiting a layer (or moving another control) skips the
+    tiling and figure building, which dominate at 2048 blocks."""
+    layer_hm = widgets.heatmap(url, run_id, data_phase, step, layer)
+    layer_blocks = widgets.blocks(url, run_id)
+    return figures.layer_figures(
+        layer_hm,
+        layer_blocks,
+        log=log,
+        palette=palette,
+        miss_threshold=miss_threshold,
+        region=region,
+    )
+
+
 # ---- KV-head group (runs with per-group selection) -------------------------------------------
 group_ids = sorted(
     {
@@ -161,8 +188,8 @@ if n_hm > figures.MAX_SIDE:  # long context: tiles when zoomed out, full detail 
         zk = st.slider("Zoom: key blocks", 0, n_hm - 1, key="ex_zoom_k")
     region = (int(zq[0]), int(zq[1]), int(zk[0]), int(zk[1]))
 view = figures.plan_view(n_hm, region)
-figs = figures.layer_figures(
-    hm, blocks, log=log, palette=palette, miss_threshold=miss_threshold, region=region
+figs = _layer_figures(
+    url, run_id, data_phase, int(step), int(layer), log, palette, float(miss_threshold), region
 )
 for fig in figs.values():
     figures.outline_blocks(fig, needle_blocks, n_hm, view)

@@ -254,3 +254,15 @@ def test_layer_figures_tile_a_wide_layer_and_show_a_region_in_full():
     assert list(region["mask"].data[0].x) == ["B0", "B1", "B2", "B3"]
     fig = figures.outline_blocks(region["walk"], [2, 3, 9], n, figures.plan_view(n, (2, 5, 0, 3)))
     assert [(s.x0, s.x1) for s in fig.layout.shapes] == [(1.5, 3.5)]
+
+
+def test_ticks_name_blocks_in_tiled_and_zoomed_views():
+    n = 600
+    walk = np.where(np.tri(n, dtype=bool), 0.5, np.nan).astype(np.float32)
+    hm = {"n_blocks": n, "q_blocks": np.arange(n), "sketch": walk, "walk": walk, "exact": None}
+    hm["selected"] = np.tri(n, dtype=bool)
+    tiled = figures.layer_figures(hm, None)["walk"].layout.xaxis.ticktext
+    assert tiled[:3] == ("0", "51", "102")  # tiles of 3 blocks, every 17th of 200 tiles labelled
+    zoomed = figures.layer_figures(hm, None, region=(100, 199, 300, 399))["walk"]
+    assert zoomed.layout.xaxis.ticktext[:2] == ("300", "309")
+    assert zoomed.layout.yaxis.ticktext[0] == "100"
