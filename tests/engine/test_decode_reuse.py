@@ -112,7 +112,7 @@ def test_clean_pass_equals_recorded_pass(reselect):
     recorded, _ = _generate(model, ids, cfg, reselect, recorder=rec)
     assert rec.layers  # it did record
     assert clean.new_ids == recorded.new_ids
-    assert torch.equal(clean.prompt_logits, recorded.prompt_logits)
+    assert torch.equal(clean.prompt_hidden, recorded.prompt_hidden)  # the logits come from these
     assert torch.equal(clean.new_logits, recorded.new_logits)
 
 
