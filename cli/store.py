@@ -68,10 +68,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _short(text: object, width: int) -> str:
     s = " ".join(str(text).split()) if text is not None else ""
+    s = terminal_safe(s)
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
+def terminal_safe(text: str) -> str:
+    """Control characters (an escape sequence in a prompt could retitle or clear the user's
+    terminal) shown as visible escapes instead of being sent to it."""
+    return "".join(
+        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
+        for ch in text
+    )
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
+    if args.limit is not None and args.limit < 0:
+        raise SketchWalkError(f"--limit must be 0 or more, got {args.limit}")
     with open_store(args.db) as store:
         df = store.list_runs(
             status=args.status, model=args.model, method=args.method, limit=args.limit

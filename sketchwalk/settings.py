@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from sketchwalk.errors import SketchWalkError
+
 ENV_PREFIX = "SKETCHWALK_"
 
 
@@ -19,7 +21,7 @@ def _int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"{ENV_PREFIX}{name} must be an integer, got {raw!r}") from None
+        raise SketchWalkError(f"{ENV_PREFIX}{name} must be an integer, got {raw!r}") from None
 
 
 def _float(name: str, default: float) -> float:
@@ -29,7 +31,7 @@ def _float(name: str, default: float) -> float:
     try:
         return float(raw)
     except ValueError:
-        raise ValueError(f"{ENV_PREFIX}{name} must be a number, got {raw!r}") from None
+        raise SketchWalkError(f"{ENV_PREFIX}{name} must be a number, got {raw!r}") from None
 
 
 @dataclass(frozen=True)
@@ -52,12 +54,16 @@ class Settings:
     # browser. With every core in an OpenMP team, one busy core stalls each parallel region (a
     # tiny-model run went from 11 s to over 120 s beside one busy process; with one thread: 16 s).
     threads: int = 1
+    import_max_member_mb: int = 2048  # SKETCHWALK_IMPORT_MAX_MB: largest file of an import
+    import_max_total_mb: int = 8192  # SKETCHWALK_IMPORT_MAX_TOTAL_MB: all files of an import
+    run_stale_s: float = 120.0  # SKETCHWALK_RUN_STALE_S: a running CLI run silent this long died
+    job_max_attempts: int = 3  # SKETCHWALK_JOB_MAX_ATTEMPTS: claims before a dying job fails
 
 
 def load() -> Settings:
     threads = _int("THREADS", max(1, (os.cpu_count() or 2) - 1))
     if threads < 1:
-        raise ValueError(f"{ENV_PREFIX}THREADS must be at least 1, got {threads}")
+        raise SketchWalkError(f"{ENV_PREFIX}THREADS must be at least 1, got {threads}")
     return Settings(
         max_prompt_tokens=_int("MAX_PROMPT_TOKENS", 8192),
         max_new_tokens=_int("MAX_NEW_TOKENS", 256),
@@ -72,4 +78,15 @@ def load() -> Settings:
         job_timeout_s=_float("JOB_TIMEOUT_S", 120.0),
         stop_grace_s=_float("STOP_GRACE_S", 20.0),
         threads=threads,
+        import_max_member_mb=_positive("IMPORT_MAX_MB", 2048),
+        import_max_total_mb=_positive("IMPORT_MAX_TOTAL_MB", 8192),
+        run_stale_s=_float("RUN_STALE_S", 120.0),
+        job_max_attempts=_positive("JOB_MAX_ATTEMPTS", 3),
     )
+
+
+def _positive(name: str, default: int) -> int:
+    value = _int(name, default)
+    if value < 1:
+        raise SketchWalkError(f"{ENV_PREFIX}{name} must be at least 1, got {value}")
+    return value

@@ -34,3 +34,14 @@ def dumps(value: Any) -> str:
 def loads(text: str | None) -> Any:
     """Parse a text column written by `dumps` (None stays None)."""
     return None if text is None else json.loads(text)
+
+
+def lenient(text: object) -> Any:
+    """Parse for display: a value that is not valid JSON (a row damaged before imports were
+    checked) reads as None, so listing and deleting such runs still works."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None

@@ -83,7 +83,7 @@ class ReadsMixin:
         with self._connect() as conn:
             df = fetch_arrow(conn, r, stmt).to_pandas()
         for name in ("config", "metrics"):
-            df[name] = [jsonio.loads(v) if isinstance(v, str) else None for v in df[name]]
+            df[name] = [jsonio.lenient(v) for v in df[name]]
         return df
 
     def get_run(self, run_id: str) -> dict[str, Any]:
@@ -100,7 +100,7 @@ class ReadsMixin:
             )
         out = dict(row)
         for name in RUN_JSON_COLUMNS:
-            out[name] = jsonio.loads(out[name])
+            out[name] = jsonio.lenient(out[name])
         return out
 
     def _frame(self, run_id: str, table: sa.Table, stmt: sa.Select) -> pd.DataFrame:

@@ -1,0 +1,184 @@
+"""Imports are untrusted input: every damaged export is refused in one line with nothing
+written, and a store that already holds bad rows (written before these checks) still lists and
+deletes them."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import sqlalchemy as sa
+from store_fixtures import count_rows, saved_run
+
+from sketchwalk.cli.main import main
+from sketchwalk.store import ForeignExportError, open_store
+from sketchwalk.store import schema as sch
+from sketchwalk.store.export import ImportLimits
+
+
+@pytest.fixture
+def export_dir(tmp_path):
+    with open_store(str(tmp_path / "src.duckdb")) as src:
+        run_id, _ = saved_run(src)
+        src.export_parquet([run_id], tmp_path / "export")
+    return tmp_path / "export"
+
+
+def _rewrite(folder, table: str, column: str, value) -> None:
+    """Set `column` of the first row of `table`'s file to `value` (keeping the file's types)."""
+    path = folder / f"{table}.parquet"
+    data = pq.read_table(path)
+    values = data[column].to_pylist()
+    values[0] = value
+    idx = data.column_names.index(column)
+    data = data.set_column(idx, column, pa.array(values, data.schema.field(column).type))
+    pq.write_table(data, path)
+
+
+def _snapshot(store) -> dict[str, int]:
+    with store.engine.connect() as conn:
+        return {
+            t.name: conn.execute(sa.select(sa.func.count()).select_from(t)).scalar()
+            for t in sch.RUN_TABLES
+        }
+
+
+BAD_ROWS = [
+    ("runs", "config", "{not json", "not a JSON object"),
+    ("runs", "config", "[1, 2]", "not a JSON object"),
+    ("runs", "metrics", "NaN-ish}", "not a JSON object"),
+    ("runs", "request", None, "is empty"),
+    ("runs", "status", "exploded", "is not one of"),
+    ("runs", "prompt", "nul\x00byte", "NUL character"),
+    ("runs", "method", "m" * 40, "longer than 32"),
+    ("runs", "prompt_tokens", -5, "is negative"),
+    ("layer_stats", "phase", "sideways", "is not one of"),
+    ("layer_stats", "q_blocks", "[0, -1]", "list of block indices"),
+    ("layer_stats", "density_achieved", 7.5, "outside [0, 1]"),
+    ("layer_stats", "layer", -1, "is negative"),
+    ("block_scores", "q_block", 10_000, "outside its layer"),
+    ("block_scores", "k_block", 10_000, "after its query block"),
+    ("tokens", "variant", "both", "is not one of"),
+    ("blocks", "token_end", -3, "is negative"),
+]
+
+
+@pytest.mark.parametrize(("table", "column", "value", "why"), BAD_ROWS)
+def test_damaged_rows_are_refused_and_nothing_is_written(
+    store, export_dir, table, column, value, why
+):
+    keep, _ = saved_run(store, seed=5)
+    before = _snapshot(store)
+    _rewrite(export_dir, table, column, value)
+    with pytest.raises(ForeignExportError, match=re.escape(why)) as err:
+        store.import_parquet(export_dir)
+    assert "\n" not in str(err.value)
+    assert _snapshot(store) == before
+    assert store.get_run(keep)["status"] == "done"
+
+
+def test_duplicate_keys_are_refused(store, export_dir):
+    path = export_dir / "tokens.parquet"
+    data = pq.read_table(path)
+    pq.write_table(pa.concat_tables([data, data.slice(0, 1)]), path)
+    before = _snapshot(store)
+    with pytest.raises(ForeignExportError, match="repeat the key"):
+        store.import_parquet(export_dir)
+    assert _snapshot(store) == before
+
+
+@pytest.mark.parametrize("run_id", ["../../etc", "ABC", "2b1f9ab0-8619-4516-bf40-365b57dde9e3x"])
+def test_malformed_run_ids_in_the_manifest_are_refused(store, export_dir, run_id):
+    manifest = json.loads((export_dir / "manifest.json").read_text())
+    manifest["run_ids"] = [run_id]
+    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ForeignExportError, match="not a well-formed run id"):
+        store.import_parquet(export_dir)
+    assert store.run_ids() == []
+
+
+@pytest.mark.parametrize("version", ["two", 2.5, None, True, [2]])
+def test_a_non_integer_schema_version_is_one_line(db_path, export_dir, capsys, version):
+    manifest = json.loads((export_dir / "manifest.json").read_text())
+    manifest["schema_version"] = version
+    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["import", "--db", str(db_path), str(export_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "schema_version" in err and "not an integer" in err
+    with open_store(str(db_path)) as store:
+        assert store.run_ids() == []
+
+
+def _zip(members: dict[str, bytes], compression=zipfile.ZIP_DEFLATED) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=compression) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def test_a_zip_with_two_manifests_says_so(store, export_dir):
+    members = {p.name: p.read_bytes() for p in export_dir.iterdir()}
+    both = {f"a/{n}": d for n, d in members.items()} | {f"b/{n}": d for n, d in members.items()}
+    with pytest.raises(ForeignExportError, match="holds 2 manifest.json files"):
+        store.import_parquet(_zip(both))
+    assert store.run_ids() == []
+
+
+def test_a_zip_bomb_manifest_is_refused_before_it_is_expanded(store):
+    # 64 MiB of spaces compress to ~64 KiB: the declared size alone refuses it.
+    bomb = _zip({"manifest.json": b" " * (64 << 20)})
+    assert len(bomb) < 1 << 20
+    limits = ImportLimits(member_bytes=1 << 20, total_bytes=1 << 21, manifest_bytes=1 << 20)
+    with pytest.raises(ForeignExportError, match="over the import limit"):
+        store.import_parquet(bomb, limits=limits)
+
+
+def test_member_and_total_caps_are_configurable(store, export_dir, monkeypatch):
+    biggest = max(p.stat().st_size for p in export_dir.glob("*.parquet"))
+    small = ImportLimits(member_bytes=biggest - 1)
+    with pytest.raises(ForeignExportError, match="per file"):
+        store.import_parquet(export_dir, limits=small)
+    total = sum(p.stat().st_size for p in export_dir.iterdir())
+    with pytest.raises(ForeignExportError, match="import limit"):
+        store.import_parquet(export_dir, limits=ImportLimits(total_bytes=total - 1))
+    monkeypatch.setenv("SKETCHWALK_IMPORT_MAX_MB", "1")
+    assert ImportLimits.from_settings().member_bytes == 1 << 20
+    assert store.run_ids() == []
+    assert store.import_parquet(export_dir, limits=ImportLimits(total_bytes=total))
+
+
+def test_a_store_with_bad_rows_still_lists_and_deletes_them(db_path, capsys):
+    with open_store(str(db_path)) as store:
+        good, _ = saved_run(store)
+        bad, _ = saved_run(store, seed=1)
+        with store.engine.begin() as conn:  # rows written before imports were checked
+            conn.execute(
+                sch.runs.update()
+                .where(sch.runs.c.id == bad)
+                .values(config="{broken", metrics="nope", status="exploded")
+            )
+    assert main(["runs", "--db", str(db_path)]) == 0
+    out = capsys.readouterr().out
+    assert bad in out and "exploded" in out and good in out
+    assert main(["runs", "--db", str(db_path), "--json"]) == 0
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows[bad]["config"] is None and rows[good]["config"]
+    assert main(["delete", "--db", str(db_path), bad]) == 0
+    with open_store(str(db_path)) as store:
+        assert store.run_ids() == [good]
+        assert sum(count_rows(store, good).values()) > 0
+
+
+def test_round_trip_still_imports_everything(store, export_dir):
+    ids = store.import_parquet(export_dir)
+    assert len(ids) == 1
+    data = pq.read_table(export_dir / "block_scores.parquet")
+    assert count_rows(store, ids[0])["block_scores"] == data.num_rows
+    assert pc.all(pc.less_equal(data["k_block"], data["q_block"])).as_py()
