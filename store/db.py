@@ -82,7 +82,12 @@ def create_engine(url: str) -> Engine:
             ) from None
     # A server may restart or drop idle connections under a long-lived worker: check each
     # pooled connection before use instead of failing the next job.
-    options = {"pool_pre_ping": True} if parsed.get_backend_name() == "postgresql" else {}
+    options: dict = {"pool_pre_ping": True} if parsed.get_backend_name() == "postgresql" else {}
+    if parsed.get_backend_name() == "duckdb":
+        # Opening a foreign file (SQLite, say) must not make DuckDB download an extension.
+        options["connect_args"] = {
+            "config": {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+        }
     try:
         return sa.create_engine(parsed, **options)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
@@ -184,7 +189,13 @@ def ensure_schema(engine: Engine) -> None:
             raise StoreCorruptError(
                 f"{_where(engine)} is not a sketchwalk store; pass another --db"
             )
-        found = int(rows["schema_version"])
+        try:
+            found = int(rows["schema_version"])
+        except ValueError:
+            raise StoreCorruptError(
+                f"{_where(engine)} has schema version {rows['schema_version'][:20]!r}, not a "
+                "number; the store is damaged"
+            ) from None
         if found < schema.SCHEMA_VERSION and all(
             v in schema.UPGRADES for v in range(found, schema.SCHEMA_VERSION)
         ):
@@ -196,13 +207,45 @@ def ensure_schema(engine: Engine) -> None:
 def upgrade(conn: Connection, found: int) -> None:
     """Bring an older store forward by creating the tables added since (caller's transaction)."""
     for version in range(found, schema.SCHEMA_VERSION):
-        for table in schema.UPGRADES[version]:
-            table.create(conn, checkfirst=True)
+        for item in schema.UPGRADES[version]:
+            if isinstance(item, sa.Table):
+                item.create(conn, checkfirst=True)
+            else:
+                add_column(conn, item)
     conn.execute(
         schema.meta.update()
         .where(schema.meta.c.key == "schema_version")
         .values(value=str(schema.SCHEMA_VERSION))
     )
+
+
+def add_column(conn: Connection, column: sa.Column) -> None:
+    """ALTER TABLE ... ADD COLUMN (nullable, no default), unless an earlier try added it."""
+    table = column.table
+    if conn.dialect.name in ("duckdb", "postgresql"):  # duckdb-engine's inspector needs pg_catalog
+        present = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM information_schema.columns WHERE table_name = :t "
+                "AND column_name = :c AND table_schema = current_schema()"
+            ),
+            {"t": table.name, "c": column.name},
+        ).scalar()
+    else:
+        present = column.name in {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
+    if present:
+        return
+    spec = sa.schema.CreateColumn(column).compile(dialect=conn.dialect)
+    quoted = conn.dialect.identifier_preparer.quote(table.name)
+    conn.execute(sa.text(f"ALTER TABLE {quoted} ADD COLUMN {spec}"))
+
+
+def db_utcnow(conn: Connection) -> datetime:
+    """The database's clock as naive UTC: every worker's heartbeat and every staleness cutoff
+    is measured on one clock, so a worker whose clock is off cannot look dead or alive wrongly.
+    Embedded databases live in this process, whose clock is theirs."""
+    if conn.dialect.name == "postgresql":
+        return conn.execute(sa.text("SELECT (now() AT TIME ZONE 'utc')")).scalar()
+    return utcnow()
 
 
 def check_version(found: int, what: str) -> None:

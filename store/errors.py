@@ -53,3 +53,12 @@ class ExportError(StoreError):
 
 class ForeignExportError(StoreError):
     """A file given to import is not a sketchwalk export (or is damaged)."""
+
+
+class JobLostError(StoreError):
+    """A worker wrote to a job it no longer owns (recovered after a pause, or re-queued): the
+    write was refused and rolled back, so a revived worker never overwrites the job's fate."""
+
+
+class SaveError(StoreError):
+    """A result could not be saved (disk full, database gone); the transaction rolled back."""

@@ -3,8 +3,10 @@
 Claiming is atomic: on PostgreSQL with SELECT ... FOR UPDATE SKIP LOCKED, so many workers never
 take the same job; on DuckDB (one process) a transaction whose conditional UPDATE either wins or
 hits a write conflict, which we treat as "someone else took it". A running job carries its
-worker's name and a heartbeat: heartbeats and releases only touch a job its worker still owns,
-so a worker whose job was recovered (heartbeat timeout) learns it and never revives the job.
+claim token and a heartbeat on the database's clock. Every later write of the job (progress,
+heartbeat, release, failure, and the result save itself) is fenced: an UPDATE conditional on the
+job still being 'running' under that token, in the same transaction as the write, so a worker
+whose job was recovered (paused, cut off) learns it and never revives the job.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from sketchwalk.store import jsonio, schema
-from sketchwalk.store.db import utcnow
-from sketchwalk.store.errors import InvalidResultError, UnknownJobError
+from sketchwalk.store.db import db_utcnow, utcnow
+from sketchwalk.store.errors import InvalidResultError, JobLostError, UnknownJobError
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,8 @@ class Job:
     started_at: datetime | None
     finished_at: datetime | None
     heartbeat_at: datetime | None
+    claim: str | None = None
+    attempts: int | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Job:
@@ -98,7 +102,7 @@ class JobsMixin:
                     job_id = conn.execute(claim_query(conn.dialect.name)).scalar()
                     if job_id is None:
                         return None
-                    now = utcnow()
+                    now = db_utcnow(conn)
                     won = conn.execute(
                         j.update()
                         .where(j.c.id == job_id, j.c.status == "queued")
@@ -108,6 +112,8 @@ class JobsMixin:
                             started_at=now,
                             heartbeat_at=now,
                             progress=0.0,
+                            claim=str(uuid.uuid4()),
+                            attempts=sa.func.coalesce(j.c.attempts, 0) + 1,
                         )
                         .returning(j.c.id)
                     ).scalar()
@@ -120,85 +126,111 @@ class JobsMixin:
         return None
 
     def update_job(
-        self, job_id: str, progress: float, message: str, run_id: str | None = None
+        self,
+        job_id: str,
+        progress: float,
+        message: str,
+        run_id: str | None = None,
+        claim: str | None = None,
     ) -> None:
-        """Report progress (0..1) and a short message; also the heartbeat. run_id links the run."""
+        """Report progress (0..1) and a short message; also the heartbeat. run_id links the run.
+        With `claim`, only while the job is still running under that claim (else JobLostError)."""
         values: dict[str, Any] = {
             "progress": min(max(float(progress), 0.0), 1.0),
             "message": message,
-            "heartbeat_at": utcnow(),
         }
         if run_id is not None:
             values["run_id"] = run_id
-        self._update(job_id, values)
+        self._update(job_id, values, claim, beat=True)
 
-    def finish_job(self, job_id: str, run_id: str | None = None, error: str | None = None) -> None:
-        """The job ended: 'done' (progress 1) or, with an error text, 'failed'."""
-        now = utcnow()
-        values: dict[str, Any] = {"finished_at": now, "heartbeat_at": now, "error": error}
+    def finish_job(
+        self,
+        job_id: str,
+        run_id: str | None = None,
+        error: str | None = None,
+        claim: str | None = None,
+    ) -> None:
+        """The job ended: 'done' (progress 1) or, with an error text, 'failed'. With `claim`,
+        only while this claim still owns it (JobLostError otherwise: someone recovered it)."""
+        values: dict[str, Any] = {"error": error}
         values["status"] = "failed" if error else "done"
         if not error:
             values["progress"] = 1.0
         if run_id is not None:
             values["run_id"] = run_id
-        self._update(job_id, values)
+        self._update(job_id, values, claim, beat=True, finish=True)
 
-    def heartbeat_job(self, job_id: str, worker: str) -> bool:
+    def heartbeat_job(self, job_id: str, worker: str, claim: str | None = None) -> bool:
         """Say `worker` is still alive on this job; False when the job is no longer its own
         (another process recovered it after a heartbeat timeout), so the worker can stop."""
         j = schema.jobs
+        cond = [j.c.id == str(job_id), j.c.status == "running", j.c.worker == str(worker)]
+        if claim is not None:
+            cond.append(j.c.claim == claim)
         with self._begin() as conn:
             hit = conn.execute(
-                j.update()
-                .where(j.c.id == str(job_id), j.c.status == "running", j.c.worker == str(worker))
-                .values(heartbeat_at=utcnow())
-                .returning(j.c.id)
+                j.update().where(*cond).values(heartbeat_at=db_utcnow(conn)).returning(j.c.id)
             ).scalar()
         return hit is not None
 
-    def release_job(self, job_id: str, worker: str, reason: str) -> bool:
+    def release_job(
+        self, job_id: str, worker: str, reason: str, claim: str | None = None
+    ) -> bool:
         """Put a job `worker` is running back in the queue (graceful shutdown), in one transaction.
 
         The run it had started holds no results yet (those land at the very end, atomically), so
         it is deleted: the next worker starts the job afresh. Nothing changes, and False is
         returned, when the job is no longer this worker's (recovered meanwhile, or finished).
         """
-        j, r = schema.jobs, schema.runs
+        j = schema.jobs
+        cond = [j.c.id == str(job_id), j.c.status == "running", j.c.worker == str(worker)]
+        if claim is not None:
+            cond.append(j.c.claim == claim)
         with self._begin() as conn:
-            row = conn.execute(
-                sa.select(j.c.run_id).where(
-                    j.c.id == str(job_id), j.c.status == "running", j.c.worker == str(worker)
-                )
-            ).first()
+            row = conn.execute(sa.select(j.c.run_id).where(*cond)).first()
             if row is None:
                 return False
-            conn.execute(
-                j.update()
-                .where(j.c.id == str(job_id))
-                .values(
-                    status="queued",
-                    worker=None,
-                    started_at=None,
-                    heartbeat_at=None,
-                    progress=0.0,
-                    message=reason,
-                    run_id=None,
-                    error=None,
-                )
-            )
-            run_id = row[0]
-            if run_id is not None:
-                unfinished = conn.execute(
-                    sa.select(r.c.id).where(r.c.id == run_id, r.c.status != "done")
-                ).first()
-                if unfinished is not None:
-                    for table in schema.RUN_TABLES:
-                        conn.execute(table.delete().where(schema.run_key(table) == run_id))
+            conn.execute(j.update().where(*cond).values(**_requeued(reason)))
+            _drop_unfinished_runs(conn, [row[0]])
         return True
 
-    def _update(self, job_id: str, values: dict[str, Any]) -> None:
+    def fence_job(
+        self, conn: Connection, job_id: str, claim: str, values: dict[str, Any]
+    ) -> None:
+        """Inside the caller's transaction: update the job only while `claim` still owns it and
+        it is running, else raise JobLostError (which rolls the caller's writes back too)."""
+        j = schema.jobs
+        hit = conn.execute(
+            j.update()
+            .where(j.c.id == str(job_id), j.c.status == "running", j.c.claim == claim)
+            .values(**values)
+            .returning(j.c.id)
+        ).scalar()
+        if hit is None:
+            raise JobLostError(
+                f"job {job_id} is no longer this worker's (recovered or re-queued meanwhile); "
+                "its result was not saved"
+            )
+
+    def _update(
+        self,
+        job_id: str,
+        values: dict[str, Any],
+        claim: str | None,
+        beat: bool = False,
+        finish: bool = False,
+    ) -> None:
         j = schema.jobs
         with self._begin() as conn:
+            now = db_utcnow(conn)
+            values = dict(values)
+            if beat:
+                values["heartbeat_at"] = now
+            if finish:
+                values["finished_at"] = now
+            if claim is not None:
+                self.fence_job(conn, job_id, claim, values)
+                return
             hit = conn.execute(
                 j.update().where(j.c.id == str(job_id)).values(**values).returning(j.c.id)
             ).scalar()
@@ -226,56 +258,137 @@ class JobsMixin:
             return [Job.from_row(r) for r in conn.execute(stmt).mappings()]
 
     def recover_jobs(
-        self, reason: str, worker: str | None = None, stale_after_s: float | None = None
+        self,
+        reason: str,
+        worker: str | None = None,
+        stale_after_s: float | None = None,
+        max_attempts: int | None = None,
     ) -> list[str]:
-        """Fail 'running' jobs whose worker died (app start); queued jobs stay queued.
+        """Take back 'running' jobs whose worker died; queued jobs stay queued.
 
         By default every running job (right for DuckDB, where the app is the only process). With
         several workers on a server database, narrow it to one `worker` or to jobs whose heartbeat
-        is older than `stale_after_s`. Runs linked to a recovered job that never finished are
-        marked failed with the same reason. Returns the recovered job ids.
+        (database clock) is older than `stale_after_s`. The UPDATE itself re-checks status and
+        heartbeat, so a job whose worker beat in between is left alone. With `max_attempts`, a
+        job claimed fewer times goes back to the queue (its unfinished run deleted); otherwise it
+        fails with `reason`, as do its unfinished runs. Returns the recovered job ids.
         """
         j = schema.jobs
-        r = schema.runs
-        now = utcnow()
-        cond = [j.c.status == "running"]
-        if worker is not None:
-            cond.append(j.c.worker == worker)
-        if stale_after_s is not None:
-            cutoff = now - timedelta(seconds=float(stale_after_s))
-            cond.append(sa.or_(j.c.heartbeat_at.is_(None), j.c.heartbeat_at < cutoff))
         with self._begin() as conn:
-            rows = conn.execute(sa.select(j.c.id, j.c.run_id).where(*cond)).all()
-            ids = [row[0] for row in rows]
-            if not ids:
+            now = db_utcnow(conn)
+            cond = [j.c.status == "running"]
+            if worker is not None:
+                cond.append(j.c.worker == worker)
+            if stale_after_s is not None:
+                cutoff = now - timedelta(seconds=float(stale_after_s))
+                cond.append(sa.or_(j.c.heartbeat_at.is_(None), j.c.heartbeat_at < cutoff))
+            pick = sa.select(j.c.id, j.c.run_id, j.c.attempts).where(*cond)
+            if conn.dialect.name == "postgresql":
+                pick = pick.with_for_update(skip_locked=True)
+            rows = conn.execute(pick).all()
+            if not rows:
                 return []
-            conn.execute(
-                j.update()
-                .where(j.c.id.in_(ids))
-                .values(status="failed", error=reason, finished_at=now)
-            )
-            run_ids = [row[1] for row in rows if row[1] is not None]
-            if run_ids:
-                conn.execute(
-                    r.update()
-                    .where(r.c.id.in_(run_ids), r.c.status.in_(("queued", "running")))
-                    .values(status="failed", error=reason, updated_at=now, finished_at=now)
-                )
-        return ids
-
-    def recover_runs(self, reason: str) -> list[str]:
-        """Fail runs left 'running' by a process that died (single-process DuckDB stores)."""
-        r = schema.runs
-        now = utcnow()
-        with self._begin() as conn:
-            ids = [
+            runs_of = {row[0]: row[1] for row in rows}
+            retry = [
                 row[0]
-                for row in conn.execute(sa.select(r.c.id).where(r.c.status == "running")).all()
+                for row in rows
+                if max_attempts is not None and (row[2] or 0) < max_attempts
             ]
-            if ids:
+            requeued: list[str] = []
+            if retry:
+                requeued = list(
+                    conn.execute(
+                        j.update()
+                        .where(j.c.id.in_(retry), *cond)
+                        .values(**_requeued(f"re-queued: {reason}"))
+                        .returning(j.c.id)
+                    ).scalars()
+                )
+                _drop_unfinished_runs(conn, [runs_of[i] for i in requeued])
+            rest = [row[0] for row in rows if row[0] not in retry]
+            failed: list[str] = []
+            if rest:
+                tries = f" (after {max_attempts} attempts)" if max_attempts is not None else ""
+                failed = list(
+                    conn.execute(
+                        j.update()
+                        .where(j.c.id.in_(rest), *cond)
+                        .values(status="failed", error=reason + tries, finished_at=now)
+                        .returning(j.c.id)
+                    ).scalars()
+                )
+                _fail_unfinished_runs(conn, [runs_of[i] for i in failed], reason, now)
+        return requeued + failed
+
+    def recover_runs(self, reason: str, stale_after_s: float | None = None) -> list[str]:
+        """Fail runs left 'running' by a process that died: every one (a DuckDB file this
+        process holds has no other writer), or, on a shared database, those whose heartbeat
+        (`updated_at`, database clock) is older than `stale_after_s`. The UPDATE re-checks."""
+        r = schema.runs
+        with self._begin() as conn:
+            now = db_utcnow(conn)
+            cond = [r.c.status == "running"]
+            if stale_after_s is not None:
+                cond.append(r.c.updated_at < now - timedelta(seconds=float(stale_after_s)))
+            return list(
                 conn.execute(
                     r.update()
-                    .where(r.c.id.in_(ids))
+                    .where(*cond)
                     .values(status="failed", error=reason, updated_at=now, finished_at=now)
-                )
-        return ids
+                    .returning(r.c.id)
+                ).scalars()
+            )
+
+    def touch_run(self, run_id: str) -> bool:
+        """A running run's heartbeat (its `updated_at`); False once it is no longer running."""
+        r = schema.runs
+        with self._begin() as conn:
+            hit = conn.execute(
+                r.update()
+                .where(r.c.id == str(run_id), r.c.status == "running")
+                .values(updated_at=db_utcnow(conn))
+                .returning(r.c.id)
+            ).scalar()
+        return hit is not None
+
+
+def _requeued(message: str) -> dict[str, Any]:
+    """A job's columns when it goes back to the queue (attempts are kept: they count claims)."""
+    return {
+        "status": "queued",
+        "worker": None,
+        "claim": None,
+        "started_at": None,
+        "heartbeat_at": None,
+        "progress": 0.0,
+        "message": message,
+        "run_id": None,
+        "error": None,
+    }
+
+
+def _drop_unfinished_runs(conn: Connection, run_ids: list[str | None]) -> None:
+    """Delete the runs a re-queued job had started (never a finished one)."""
+    r = schema.runs
+    ids = [i for i in run_ids if i is not None]
+    if not ids:
+        return
+    doomed = list(
+        conn.execute(sa.select(r.c.id).where(r.c.id.in_(ids), r.c.status != "done")).scalars()
+    )
+    if doomed:
+        for table in schema.RUN_TABLES:
+            conn.execute(table.delete().where(schema.run_key(table).in_(doomed)))
+
+
+def _fail_unfinished_runs(
+    conn: Connection, run_ids: list[str | None], reason: str, now: datetime
+) -> None:
+    r = schema.runs
+    ids = [i for i in run_ids if i is not None]
+    if ids:
+        conn.execute(
+            r.update()
+            .where(r.c.id.in_(ids), r.c.status.in_(("queued", "running")))
+            .values(status="failed", error=reason, updated_at=now, finished_at=now)
+        )

@@ -18,8 +18,8 @@ from sqlalchemy.engine import Connection, Engine
 from sketchwalk.engine.records import RunResult
 from sketchwalk.store import frames, jsonio, schema
 from sketchwalk.store.bulk import insert_arrow
-from sketchwalk.store.db import utcnow
-from sketchwalk.store.errors import InvalidResultError
+from sketchwalk.store.db import db_utcnow, utcnow
+from sketchwalk.store.errors import InvalidResultError, JobLostError, SaveError
 from sketchwalk.store.reads import require_run
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,8 @@ class RunsMixin:
         if not isinstance(config, dict):
             raise InvalidResultError("a run request's 'config' must be a dict")
         run_id = str(uuid.uuid4())
-        now = utcnow()
         with self._begin() as conn:
+            now = db_utcnow(conn)
             conn.execute(
                 schema.runs.insert().values(
                     id=run_id,
@@ -87,12 +87,17 @@ class RunsMixin:
         """The run ended with an error; the text is shown to the user as is."""
         self.set_status(run_id, "failed", error=str(error) or "failed")
 
-    def save_result(self, run_id: str, result: RunResult) -> None:
+    def save_result(
+        self, run_id: str, result: RunResult, job: tuple[str, str] | None = None
+    ) -> None:
         """Store everything a finished run produced, in ONE transaction, and mark it done.
 
         Either all rows land or none: on any exception the transaction rolls back, the run is
-        marked failed with the error text, and the exception propagates. Saving again replaces
-        the earlier rows of the same run.
+        marked failed with the error text, and the exception propagates (a database or disk
+        failure as a one-line SaveError). Saving again replaces the earlier rows of the same run.
+        `job` = (job id, claim token): the same transaction marks that job done, but only while
+        the claim still owns it; otherwise JobLostError and nothing is written (the run keeps
+        the state whoever recovered the job gave it).
         """
         with self._connect() as conn:
             require_run(conn, run_id)
@@ -107,24 +112,44 @@ class RunsMixin:
             toks = frames.tokens_table(result.tokens)
             fields = frames.run_fields(result)
             with self._begin() as conn:
+                now = db_utcnow(conn)
+                if job is not None:
+                    self.fence_job(  # type: ignore[attr-defined]  # JobsMixin  # first: a lost job writes nothing at all
+                        conn,
+                        job[0],
+                        job[1],
+                        {
+                            "status": "done",
+                            "progress": 1.0,
+                            "message": "done",
+                            "run_id": run_id,
+                            "error": None,
+                            "finished_at": now,
+                            "heartbeat_at": now,
+                        },
+                    )
                 self._delete_rows(conn, run_id, keep_run=True)
                 key = {"run_id": run_id}
                 self._insert(conn, schema.layer_stats, stats, key)
                 self._insert(conn, schema.block_scores, scores, key)
                 self._insert(conn, schema.blocks, spans, key)
                 self._insert(conn, schema.tokens, toks, key)
-                now = utcnow()
                 conn.execute(
                     schema.runs.update()
                     .where(schema.runs.c.id == run_id)
                     .values(**fields, status="done", error=None, updated_at=now, finished_at=now)
                 )
+        except JobLostError:
+            raise
         except BaseException as exc:
             text = f"saving results failed: {type(exc).__name__}: {exc}".strip()
+            text = text.splitlines()[0][:300] if text else "failed"
             try:
-                self.mark_failed(run_id, text.splitlines()[0] if text else "failed")
+                self.mark_failed(run_id, text)
             except Exception as inner:  # the database itself is gone: report the first error
                 log.warning("could not mark run %s failed: %s", run_id, inner)
+            if isinstance(exc, OSError) or _is_driver_error(exc):
+                raise SaveError(f"{text}; nothing of the run was stored") from exc
             raise
 
     def _insert(self, conn: Connection, table: sa.Table, data: pa.Table, key: dict) -> None:
@@ -144,3 +169,14 @@ class RunsMixin:
             if keep_run and table is schema.runs:
                 continue
             conn.execute(table.delete().where(schema.run_key(table) == run_id))
+
+
+def _is_driver_error(exc: BaseException) -> bool:
+    """A database's own failure (disk full, connection lost), wrapped by SQLAlchemy or raised
+    by DuckDB's columnar fast path."""
+    import sys
+
+    if isinstance(exc, sa.exc.DBAPIError):
+        return True
+    duckdb = sys.modules.get("duckdb")
+    return duckdb is not None and isinstance(exc, duckdb.Error)

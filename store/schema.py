@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bump on any change to the tables below; stores with another version are refused, except
-older versions that UPGRADES can bring forward by creating tables (nothing existing changes)."""
+older versions that UPGRADES can bring forward by creating tables or adding nullable columns
+(nothing existing changes)."""
 
 STORE_MARKER = "sketchwalk"
 """Value of the `app` key in the meta table: tells our store apart from someone else's file."""
@@ -136,6 +137,11 @@ jobs = sa.Table(
     sa.Column("started_at", sa.DateTime),
     sa.Column("finished_at", sa.DateTime),
     sa.Column("heartbeat_at", sa.DateTime),
+    # The fence: a fresh token per claim and the number of claims so far. Every later write of
+    # the job (progress, heartbeat, result, failure) names the token, so a worker whose job was
+    # recovered and handed to another can never write it again.
+    sa.Column("claim", sa.String(36)),
+    sa.Column("attempts", sa.Integer),
 )
 sa.Index("ix_jobs_status_created", jobs.c.status, jobs.c.created_at).ddl_if(
     callable_=lambda ddl, target, bind, dialect=None, **kw: dialect.name != "duckdb"
@@ -173,8 +179,11 @@ eval_results = sa.Table(
 )
 """One row per (eval, model, task, source, length, method, density): written by `sketchwalk eval`."""
 
-UPGRADES: dict[int, tuple[sa.Table, ...]] = {1: (eval_results,)}
-"""Version v -> tables whose creation brings a v store to v + 1 (additive changes only)."""
+UPGRADES: dict[int, tuple[sa.Table | sa.Column, ...]] = {
+    1: (eval_results,),
+    2: (jobs.c.claim, jobs.c.attempts),
+}
+"""Version v -> tables to create / nullable columns to add that bring a v store to v + 1."""
 
 RUN_TABLES: tuple[sa.Table, ...] = (runs, layer_stats, block_scores, blocks, tokens)
 """Tables holding one run's data, keyed by run id (runs by `id`, the others by `run_id`)."""
