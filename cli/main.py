@@ -17,6 +17,7 @@ import sys
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.text import terminal_safe
 
 COMMAND_MODULES = (
     "sketchwalk.cli.run",
@@ -30,8 +31,15 @@ COMMAND_MODULES = (
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage mistakes as one line and exit 2, like every other error (not the usage block)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {terminal_safe(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="sketchwalk", description="Sketch&Walk sparse attention: run, store, explore."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -51,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("sketchwalk: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM during a run (exit 128 + signal)
+        print(f"sketchwalk: {exc or 'interrupted'}", file=sys.stderr)
+        return int(getattr(exc, "exit_code", 130))
     except SketchWalkError as exc:
-        print(f"sketchwalk: error: {exc}", file=sys.stderr)
+        print(f"sketchwalk: error: {terminal_safe(str(exc))}", file=sys.stderr)
         return 2
 
 

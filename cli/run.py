@@ -12,15 +12,22 @@ from sketchwalk.errors import SketchWalkError
 
 
 def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt from the argument, a file or stdin ('-'), which must be UTF-8 text."""
     if args.prompt_file is not None:
         if args.prompt is not None:
             raise SketchWalkError("give a prompt or --prompt-file, not both")
         path = Path(args.prompt_file)
+        where = "stdin" if str(path) == "-" else f"prompt file {path}"
         try:
-            return path.read_text(encoding="utf-8") if str(path) != "-" else sys.stdin.read()
-        except (OSError, UnicodeDecodeError) as exc:
+            raw = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+        except OSError as exc:
+            raise SketchWalkError(f"cannot read {where}: {exc.strerror or exc}") from None
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
             raise SketchWalkError(
-                f"cannot read prompt file {path}: {exc.strerror or exc}"
+                f"{where} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                "give a text file"
             ) from None
     if args.prompt is None:
         raise SketchWalkError("no prompt: give PROMPT or --prompt-file FILE")
@@ -54,57 +61,43 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sketchwalk.engine.models import load_model
-    from sketchwalk.engine.recorder import RecorderOptions
-    from sketchwalk.engine.runner import RunOptions, run, tokenize, validate_prompt
+    """Check everything, then one lifecycle (worker.lifecycle.execute): a signal or an error
+    marks the stored run failed with one line before the command exits."""
+    from sketchwalk.engine.request import RunRequest, check_device
+    from sketchwalk.settings import load as load_settings
+    from sketchwalk.worker.lifecycle import execute, signals_interrupt
 
-    cfg = config_from_args(args)  # validate everything before any loading
-    prompt = read_prompt(args)
-    if not prompt.strip():
-        raise SketchWalkError("the prompt is empty")
-    if args.max_new_tokens < 0:
-        raise SketchWalkError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    request = RunRequest(  # validate everything before any loading
+        prompt=read_prompt(args),
+        config=config_from_args(args),
+        model=args.model,
+        dtype=args.dtype,
+        max_new_tokens=args.max_new_tokens,
+        record=not args.no_record,
+        exact_max_tokens=args.exact_max_tokens,
+    )
+    device = check_device(args.device)
+    settings = load_settings()
     store = None
     if not args.no_store:
         from sketchwalk.store import open_store
 
         store = open_store(args.db)
-    lm = load_model(args.model, args.dtype, args.device)
-    opts = RunOptions(
-        max_new_tokens=args.max_new_tokens,
-        record=not args.no_record,
-        recorder=RecorderOptions(exact_max_tokens=args.exact_max_tokens),
-    )
-    validate_prompt(tokenize(lm, prompt).shape[1], lm, cfg, opts)  # bad input writes nothing
-    run_id = None
     bar = _progress_bar()
+
+    def load(model: str | None, dtype: str):
+        from sketchwalk.engine.models import load_model
+
+        return load_model(model, dtype, device)
+
     try:
-        if store is not None:
-            run_id = store.create_run(
-                {
-                    "prompt": prompt,
-                    "model": lm.model_id,
-                    "method": cfg.method,
-                    "config": cfg.to_dict(),
-                },
-                status="running",
-            )
-        try:
-            result = run(lm, prompt, cfg, opts, progress=bar.update)
-        except Exception as exc:
-            if store is not None:
-                store.mark_failed(
-                    run_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                )
-            raise
-        finally:
-            bar.close()
-        if store is not None:
-            store.save_result(run_id, result)
+        with signals_interrupt():
+            outcome = execute(request, store, load, bar.update, heartbeat_s=settings.heartbeat_s)
     finally:
+        bar.close()
         if store is not None:
             store.close()
-    summary = summarize(result, run_id)
+    summary = summarize(outcome.result, outcome.run_id)
     if args.json:
         print(json.dumps(summary, default=float))
     else:
@@ -113,22 +106,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 class _progress_bar:
-    """tqdm on stderr, driven by the runner's (fraction, message) callback."""
+    """tqdm on stderr, driven by the runner's (fraction, message) callback; drawn from the first
+    report on, so an error found before the run starts stays one line."""
 
     def __init__(self) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(
-            total=100, file=sys.stderr, bar_format="{l_bar}{bar}| {elapsed}", leave=False
-        )
+        self.bar = None
 
     def update(self, fraction: float, message: str) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=100, file=sys.stderr, bar_format="{l_bar}{bar}| {elapsed}", leave=False
+            )
         self.bar.n = int(fraction * 100)
         self.bar.set_description_str(message[:40])
         self.bar.refresh()
 
     def close(self) -> None:
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def summarize(result, run_id: str | None) -> dict:

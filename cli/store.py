@@ -15,6 +15,7 @@ import pandas as pd
 
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.store import open_store
+from sketchwalk.text import terminal_safe
 
 
 def _add_db(parser: argparse.ArgumentParser) -> None:
@@ -70,15 +71,6 @@ def _short(text: object, width: int) -> str:
     s = " ".join(str(text).split()) if text is not None else ""
     s = terminal_safe(s)
     return s if len(s) <= width else s[: width - 1] + "…"
-
-
-def terminal_safe(text: str) -> str:
-    """Control characters (an escape sequence in a prompt could retitle or clear the user's
-    terminal) shown as visible escapes instead of being sent to it."""
-    return "".join(
-        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
-        for ch in text
-    )
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

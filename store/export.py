@@ -207,7 +207,9 @@ class ImportLimits:
     @classmethod
     def from_settings(cls) -> ImportLimits:
         s = load_settings()
-        return cls(member_bytes=s.import_max_member_mb * MIB, total_bytes=s.import_max_total_mb * MIB)
+        return cls(
+            member_bytes=s.import_max_member_mb * MIB, total_bytes=s.import_max_total_mb * MIB
+        )
 
 
 class _Budget:

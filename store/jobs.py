@@ -173,9 +173,7 @@ class JobsMixin:
             ).scalar()
         return hit is not None
 
-    def release_job(
-        self, job_id: str, worker: str, reason: str, claim: str | None = None
-    ) -> bool:
+    def release_job(self, job_id: str, worker: str, reason: str, claim: str | None = None) -> bool:
         """Put a job `worker` is running back in the queue (graceful shutdown), in one transaction.
 
         The run it had started holds no results yet (those land at the very end, atomically), so
@@ -194,9 +192,7 @@ class JobsMixin:
             _drop_unfinished_runs(conn, [row[0]])
         return True
 
-    def fence_job(
-        self, conn: Connection, job_id: str, claim: str, values: dict[str, Any]
-    ) -> None:
+    def fence_job(self, conn: Connection, job_id: str, claim: str, values: dict[str, Any]) -> None:
         """Inside the caller's transaction: update the job only while `claim` still owns it and
         it is running, else raise JobLostError (which rolls the caller's writes back too)."""
         j = schema.jobs
@@ -290,9 +286,7 @@ class JobsMixin:
                 return []
             runs_of = {row[0]: row[1] for row in rows}
             retry = [
-                row[0]
-                for row in rows
-                if max_attempts is not None and (row[2] or 0) < max_attempts
+                row[0] for row in rows if max_attempts is not None and (row[2] or 0) < max_attempts
             ]
             requeued: list[str] = []
             if retry:
@@ -317,7 +311,7 @@ class JobsMixin:
                         .returning(j.c.id)
                     ).scalars()
                 )
-                _fail_unfinished_runs(conn, [runs_of[i] for i in failed], reason, now)
+                _fail_unfinished_runs(conn, [runs_of[i] for i in failed], reason + tries, now)
         return requeued + failed
 
     def recover_runs(self, reason: str, stale_after_s: float | None = None) -> list[str]:

@@ -27,6 +27,7 @@ from typing import Any
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.settings import Settings
 from sketchwalk.settings import load as load_settings
+from sketchwalk.store.errors import JobLostError
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ class JobInterrupted(BaseException):
     a message) does not swallow it: an interrupted job is released or was taken from us, it did
     not fail. `requeue` says which.
     """
+
+    keeps_run_state = True  # the lifecycle writes nothing: release/recovery own the state
 
     def __init__(self, requeue: bool, reason: str) -> None:
         super().__init__(reason)
@@ -91,7 +94,8 @@ def make_request(
     dtype: str | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The job request the app and the CLI queue: what a worker needs to reproduce the run."""
+    """The job request the app and the CLI queue: what a worker needs to reproduce the run.
+    Kept as a plain dict (the job's JSON); the worker reads it back as a RunRequest."""
     return {
         "prompt": prompt,
         "model": model or None,
@@ -124,81 +128,69 @@ def execute_job(
     device: str | None = None,
     checkpoint: Callable[[], None] | None = None,
 ) -> str | None:
-    """Run one claimed job to the end; returns the run id (None when nothing was stored).
+    """Run one claimed job to the end through the shared lifecycle; returns the run id (None
+    when nothing was stored).
 
-    Bad input (a SketchWalkError: knobs, prompt, unknown model) fails the job with its one-line
-    message; anything else fails it with the exception's first line, logged with a traceback.
-    `checkpoint` is called at every progress report and before anything is stored; it may raise
+    The request is checked as a RunRequest under this deployment's limits; the lifecycle records
+    any failure in the run and, through the job's claim, in the job (a worker that lost its job
+    writes nothing). `checkpoint` is called at every progress report; it may raise
     JobInterrupted, which passes through untouched (the caller releases the job).
     """
+    from sketchwalk.engine.request import Limits, RunRequest
+    from sketchwalk.worker.lifecycle import JobClaim, execute, first_line, retrying
+
     check = checkpoint or (lambda: None)
-    from sketchwalk.engine.config import SketchWalkConfig
-    from sketchwalk.engine.recorder import RecorderOptions
-    from sketchwalk.engine.runner import RunOptions, run, tokenize, validate_prompt
-
     device = device or settings.device
-    req = job.request
-    run_id: str | None = None
+    claim = JobClaim(job.id, getattr(job, "claim", None))
     try:
-        prompt = req.get("prompt")
-        if not isinstance(prompt, str):
-            raise SketchWalkError("the job has no prompt text")
-        if not prompt.strip():
-            raise SketchWalkError("the prompt is empty")
-        if len(prompt) > settings.max_prompt_chars:
-            raise SketchWalkError(
-                f"the prompt has {len(prompt)} characters; the limit is {settings.max_prompt_chars}"
-            )
-        cfg = SketchWalkConfig.from_dict(dict(req.get("config") or {}))
-        max_new = int(req.get("max_new_tokens", 32))
-        if not 0 <= max_new <= settings.max_new_tokens:
-            raise SketchWalkError(
-                f"max new tokens must be between 0 and {settings.max_new_tokens}, got {max_new}"
-            )
-        check()
-        store.update_job(job.id, 0.0, "loading model")
-        lm = models.get(req.get("model"), req.get("dtype") or settings.dtype, device)
-        opts = RunOptions(
-            max_new_tokens=max_new,
-            record=True,
-            recorder=RecorderOptions(exact_max_tokens=settings.exact_max_tokens),
-            max_prompt_tokens=settings.max_prompt_tokens,
+        request = RunRequest.from_dict(
+            job.request,
+            Limits.from_settings(settings),
+            dtype=settings.dtype,
+            exact_max_tokens=settings.exact_max_tokens,
         )
-        validate_prompt(tokenize(lm, prompt).shape[1], lm, cfg, opts)  # before anything is stored
-        check()
-        run_id = store.create_run(
-            {**req, "model": lm.model_id, "config": cfg.to_dict(), "job_id": job.id},
-            status="running",
-        )
-        store.update_job(job.id, 0.0, "starting", run_id=run_id)
-        report = _Throttle(lambda f, m: store.update_job(job.id, f, m))
-
-        def progress(fraction: float, message: str) -> None:
-            check()
-            report(fraction, message)
-
-        result = run(lm, prompt, cfg, opts, progress=progress)
-        check()
-        store.update_job(job.id, 1.0, "saving results")
-        store.save_result(run_id, result)
-        store.finish_job(job.id, run_id=run_id)
-        return run_id
     except SketchWalkError as exc:
-        message = _first_line(exc)
-    except Exception as exc:  # a bug or the machine: keep the worker alive, tell the user
-        log.exception("job %s failed", job.id)
-        message = f"the run failed: {type(exc).__name__}: {_first_line(exc)}"
+        message = first_line(exc)
+        retrying(
+            lambda: store.finish_job(job.id, error=message, claim=claim.claim),
+            "record the failure",
+        )
+        return None
+    check()
+    store.update_job(job.id, 0.0, "loading model", claim=claim.claim)
+
+    def write(fraction: float, message: str) -> None:
+        try:
+            store.update_job(job.id, fraction, message, claim=claim.claim)
+        except JobLostError:
+            raise
+        except Exception as exc:  # a progress write is not worth failing the run for
+            log.warning("job %s: progress write failed: %s", job.id, first_line(exc))
+
+    report = _Throttle(write)
+
+    def progress(fraction: float, message: str) -> None:
+        check()
+        report(fraction, message)
+
     try:
-        if run_id is not None:
-            try:
-                if store.get_run(run_id)["status"] != "failed":
-                    store.mark_failed(run_id, message)
-            except SketchWalkError:
-                pass
-        store.finish_job(job.id, run_id=run_id, error=message)
-    except Exception:  # the database is gone too; the next start recovers the job
-        log.exception("could not record the failure of job %s", job.id)
-    return None
+        outcome = execute(
+            request,
+            store,
+            lambda model, dtype: models.get(model, dtype, device),
+            progress,
+            job=claim,
+            heartbeat_s=settings.heartbeat_s,
+        )
+    except JobLostError as exc:
+        log.warning("job %s: %s", job.id, exc)
+        return None
+    except SketchWalkError:
+        return None  # recorded by the lifecycle
+    except Exception:  # a bug or the machine: keep the worker alive; the lifecycle recorded it
+        log.exception("job %s failed", job.id)
+        return None
+    return outcome.run_id
 
 
 def _first_line(exc: BaseException) -> str:
@@ -211,14 +203,23 @@ def worker_name(device: str, kind: str = "app") -> str:
     return f"{kind}@{socket.gethostname()}/{device}"
 
 
-def recover(store, name: str) -> list[str]:
-    """Fail the jobs a dead process left 'running'. A DuckDB store has one process, so all of
-    them; on a server database only this worker's own (others may still be alive)."""
+def recover(store, name: str, max_attempts: int | None = None) -> list[str]:
+    """Take back the jobs a dead process left 'running' (re-queued while they have attempts
+    left, else failed). A DuckDB store has one process, so all of them; on a server database
+    only this worker's own (others may still be alive)."""
     if store.engine.dialect.name == "duckdb":
-        ids = store.recover_jobs(RESTART_REASON)
+        ids = store.recover_jobs(RESTART_REASON, max_attempts=max_attempts)
         store.recover_runs(RESTART_REASON)
         return ids
-    return store.recover_jobs(RESTART_REASON, worker=name)
+    return store.recover_jobs(RESTART_REASON, worker=name, max_attempts=max_attempts)
+
+
+def run_stale_reason(timeout_s: float) -> str:
+    """Why a run whose process went silent is failed (CLI runs on a shared database)."""
+    return (
+        f"its process sent no heartbeat for over {timeout_s:g} s (killed or cut off from the "
+        "database); run it again"
+    )
 
 
 JobRunner = Callable[["Worker", Any], Any]
@@ -282,15 +283,21 @@ class Worker:
         self._lost.clear()
         beating = threading.Event()
         beat = threading.Thread(
-            target=self._heartbeat, args=(job.id, beating), name=f"heartbeat-{job.id[:8]}"
+            target=self._heartbeat,
+            args=(job.id, job.claim, beating),
+            name=f"heartbeat-{job.id[:8]}",
         )
         beat.daemon = True
         if self.shared_store:
             beat.start()
         try:
             self.runner(self, job)
+        except JobLostError as lost:  # a fenced write found the job taken over
+            log.warning("worker %s: abandoned job %s: %s", self.name, job.id, lost)
         except JobInterrupted as stop:
-            if stop.requeue and self.store.release_job(job.id, self.name, stop.reason):
+            if stop.requeue and self.store.release_job(
+                job.id, self.name, stop.reason, claim=job.claim
+            ):
                 self.released.append(job.id)
                 log.info("worker %s: released job %s back to the queue", self.name, job.id)
             else:
@@ -310,11 +317,11 @@ class Worker:
         start; a heartbeat thread there would only race the job's own progress writes."""
         return self.store.engine.dialect.name not in ("duckdb", "sqlite")
 
-    def _heartbeat(self, job_id: str, done: threading.Event) -> None:
+    def _heartbeat(self, job_id: str, claim: str | None, done: threading.Event) -> None:
         every = max(0.05, float(self.settings.heartbeat_s))
         while not done.wait(every):
             try:
-                if not self.store.heartbeat_job(job_id, self.name):
+                if not self.store.heartbeat_job(job_id, self.name, claim=claim):
                     if done.is_set():  # finished between the wait and the write
                         return
                     log.warning("worker %s: job %s was taken from us", self.name, job_id)
@@ -344,9 +351,18 @@ class Worker:
         if not self.shared_store:
             return []
         timeout = float(self.settings.job_timeout_s)
-        ids = self.store.recover_jobs(stale_reason(timeout), stale_after_s=timeout)
+        ids = self.store.recover_jobs(
+            stale_reason(timeout),
+            stale_after_s=timeout,
+            max_attempts=self.settings.job_max_attempts,
+        )
         if ids:
-            log.warning("worker %s: failed %d job(s) with a dead worker", self.name, len(ids))
+            log.warning("worker %s: took back %d job(s) of a dead worker", self.name, len(ids))
+        runs = self.store.recover_runs(
+            run_stale_reason(self.settings.run_stale_s), stale_after_s=self.settings.run_stale_s
+        )
+        if runs:
+            log.warning("worker %s: failed %d run(s) of a dead process", self.name, len(runs))
         return ids
 
     def _maybe_recover(self) -> None:
@@ -372,7 +388,7 @@ class Worker:
         """Recover jobs of a previous life, then serve in a daemon thread."""
         if self._thread is not None and self._thread.is_alive():
             return self
-        self.recovered = recover(self.store, self.name)
+        self.recovered = recover(self.store, self.name, self.settings.job_max_attempts)
         self._thread = threading.Thread(
             target=self.serve, name=f"sketchwalk-{self.name}", daemon=True
         )

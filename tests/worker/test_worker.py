@@ -91,28 +91,56 @@ def test_a_crash_inside_the_run_fails_job_and_run_but_not_the_worker(
     assert store.get_run(job.run_id)["status"] == "failed"
 
 
-def test_restart_fails_running_jobs_and_resumes_queued_ones(store, tiny_model, models):
+def _left_running(store, tiny_model) -> tuple[str, str, str]:
+    """A job a dead process left 'running' with a half-made run, and one still queued."""
     running = store.enqueue_job(make_request(TEXT, tiny_config(), tiny_model, 2))
     claimed = store.claim_job("app@old")
-    assert claimed.id == running
+    assert claimed.id == running and claimed.attempts == 1 and claimed.claim
     run_id = store.create_run(
         {"prompt": TEXT, "model": tiny_model, "config": tiny_config()}, status="running"
     )
     store.update_job(running, 0.4, "sparse prefill", run_id=run_id)
     queued = store.enqueue_job(make_request(TEXT, tiny_config(), tiny_model, 2))
-    w = Worker(store, models=models).start()  # a new app process starting up
+    return running, run_id, queued
+
+
+def _serve_until_done(w: Worker, store, jobs: list[str]) -> None:
+    w.start()  # a new app process starting up
     try:
         deadline = time.monotonic() + 120
-        while store.get_job(queued).status in ("queued", "running") and time.monotonic() < deadline:
+        while (
+            any(store.get_job(j).status in ("queued", "running") for j in jobs)
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.2)
     finally:
         w.stop(timeout=60)
+
+
+def test_restart_requeues_running_jobs_and_resumes_queued_ones(store, tiny_model, models):
+    running, run_id, queued = _left_running(store, tiny_model)
+    w = Worker(store, models=models)
+    _serve_until_done(w, store, [running, queued])
     assert w.recovered == [running]
-    dead = store.get_job(running)
-    assert dead.status == "failed" and dead.error == RESTART_REASON
-    assert store.get_run(run_id)["status"] == "failed"
+    again = store.get_job(running)
+    assert again.status == "done" and again.attempts == 2 and again.run_id != run_id
+    assert run_id not in store.run_ids()  # the half-made run was dropped, not left behind
+    assert store.get_run(again.run_id)["status"] == "done"
     assert store.get_job(queued).status == "done"
     assert not w.alive
+
+
+def test_restart_fails_a_job_out_of_attempts(store, tiny_model, models, monkeypatch):
+    monkeypatch.setenv("SKETCHWALK_JOB_MAX_ATTEMPTS", "1")
+    running, run_id, queued = _left_running(store, tiny_model)
+    w = Worker(store, settings=load(), models=models)
+    _serve_until_done(w, store, [queued])
+    assert w.recovered == [running]
+    dead = store.get_job(running)
+    assert dead.status == "failed" and dead.error.startswith(RESTART_REASON)
+    assert "after 1 attempts" in dead.error
+    assert store.get_run(run_id)["status"] == "failed"
+    assert store.get_job(queued).status == "done"
 
 
 def test_wake_runs_a_new_job_without_waiting_for_the_poll(store, tiny_model, models, monkeypatch):

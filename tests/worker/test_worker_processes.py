@@ -109,8 +109,30 @@ def test_two_workers_run_twenty_jobs_exactly_once(pg_url, tmp_path, procs, tiny_
     assert not real_stats.empty and real_run["request"]["job_id"] == real
 
 
-def test_a_killed_workers_job_is_recovered_after_the_heartbeat_timeout(pg_url, tmp_path, procs):
+def test_a_killed_workers_job_is_requeued_and_finished_by_another(pg_url, tmp_path, procs):
     timeout = {"SKETCHWALK_JOB_TIMEOUT_S": "2"}
+    a = WorkerProc(pg_url, tmp_path, "victim", **timeout)
+    procs.append(a)
+    a.wait_serving()
+    with open_store(pg_url) as store:
+        job_id = store.enqueue_job({"prompt": "medium", "sleep_s": 15})
+        wait_for(lambda: store.get_job(job_id).run_id is not None, 30, "the job to start")
+        first_run = store.get_job(job_id).run_id
+        b = WorkerProc(pg_url, tmp_path, "rescuer", **timeout)
+        procs.append(b)
+        b.wait_serving()
+        a.kill()  # SIGKILL mid-job: re-queued after the timeout, run again by the rescuer
+        wait_for(lambda: store.get_job(job_id).status == "done", 90, "the rerun")
+        job = store.get_job(job_id)
+        runs = store.list_runs()
+    assert job.worker == "rescuer" and job.attempts == 2 and job.error is None
+    assert first_run not in set(runs["id"])  # the victim's half-made run was dropped
+    assert list(runs["prompt"]).count(job_id) == 1  # and the job ran to the end once
+    assert b.stop() == 0
+
+
+def test_a_killed_workers_job_fails_when_out_of_attempts(pg_url, tmp_path, procs):
+    timeout = {"SKETCHWALK_JOB_TIMEOUT_S": "2", "SKETCHWALK_JOB_MAX_ATTEMPTS": "1"}
     a = WorkerProc(pg_url, tmp_path, "victim", **timeout)
     procs.append(a)
     a.wait_serving()
@@ -131,6 +153,7 @@ def test_a_killed_workers_job_is_recovered_after_the_heartbeat_timeout(pg_url, t
         wait_for(lambda: store.get_job(after).status == "done", 30, "the rescuer to go on")
         run = store.get_run(job.run_id)
     assert job.status == "failed" and "no heartbeat for over 2 s" in job.error
+    assert "after 1 attempts" in job.error
     assert run["status"] == "failed" and run["error"] == job.error
     assert store.get_job(after).worker == "rescuer"
     assert b.stop() == 0

@@ -1,0 +1,178 @@
+"""`RunRequest`: what one run needs, checked once, the same way for the CLI, the app and workers.
+
+Before this the prompt was checked in three places (the runner, the New run page, the worker)
+with three sets of rules; a request that passed one could fail another. Checks that need only
+the request (text, knobs, limits) run when it is built; checks that need the loaded model (token
+count, context, layer indices) run in `check_model`, still before anything is stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.errors import SketchWalkError
+
+if TYPE_CHECKING:  # torch-heavy imports only where a run really happens
+    from sketchwalk.engine.models import LoadedModel
+    from sketchwalk.engine.runner import RunOptions
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+class RequestError(SketchWalkError):
+    """A run request a user can fix (prompt, knobs, limits, device)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one deployment allows; None means no limit (the CLI on one's own machine)."""
+
+    max_prompt_chars: int | None = None
+    max_new_tokens: int | None = None
+    max_prompt_tokens: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Limits:
+        return cls(settings.max_prompt_chars, settings.max_new_tokens, settings.max_prompt_tokens)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One dense-vs-sparse run as asked for; invalid values raise RequestError on creation."""
+
+    prompt: str
+    config: SketchWalkConfig = field(default_factory=SketchWalkConfig)
+    model: str | None = None
+    dtype: str = "float32"
+    max_new_tokens: int = 32
+    record: bool = True
+    exact_max_tokens: int = 8192
+    limits: Limits = field(default_factory=Limits, compare=False)
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Other keys of a queued request (say, who asked), kept verbatim in the run's request."""
+
+    def __post_init__(self) -> None:
+        check_prompt(self.prompt, self.limits.max_prompt_chars)
+        if not isinstance(self.config, SketchWalkConfig):
+            raise RequestError("a run request's config must be a SketchWalkConfig")
+        if self.model is not None and (not isinstance(self.model, str) or "\x00" in self.model):
+            raise RequestError("the model must be a name or a folder path")
+        if self.dtype not in DTYPE_NAMES:
+            raise RequestError(f"dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
+        n = _int("max new tokens", self.max_new_tokens)
+        cap = self.limits.max_new_tokens
+        if n < 0 or (cap is not None and n > cap):
+            upper = f" and {cap}" if cap is not None else " or more"
+            raise RequestError(f"max new tokens must be between 0{upper}, got {n}")
+        if _int("exact max tokens", self.exact_max_tokens) < 0:
+            raise RequestError(f"exact max tokens must be >= 0, got {self.exact_max_tokens}")
+
+    # ---- as a queued job's JSON ---------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job request shape the store keeps (and `from_dict` reads back)."""
+        return {
+            **self.extra,
+            "prompt": self.prompt,
+            "model": self.model or None,
+            "dtype": self.dtype,
+            "method": self.config.method,
+            "config": self.config.to_dict(),
+            "max_new_tokens": int(self.max_new_tokens),
+            "record": bool(self.record),
+            "exact_max_tokens": int(self.exact_max_tokens),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, limits: Limits | None = None, **defaults: Any) -> RunRequest:
+        """A request from a job's JSON (written by any version of the app, or by hand)."""
+        from sketchwalk.engine.config import ConfigError
+
+        if not isinstance(data, dict):
+            raise RequestError("the job's request is not a JSON object")
+        config = data.get("config") or {}
+        if not isinstance(config, dict):
+            raise RequestError("the job's config is not a JSON object")
+        try:
+            cfg = SketchWalkConfig.from_dict(dict(config))
+        except (ConfigError, TypeError) as exc:
+            raise RequestError(str(exc).splitlines()[0] if str(exc) else "bad config") from None
+        known = {"prompt", "model", "dtype", "method", "config", "max_new_tokens", "record"}
+        known.add("exact_max_tokens")
+        prompt = data.get("prompt")
+        if not isinstance(prompt, str):
+            raise RequestError("the job has no prompt text")
+        return cls(
+            prompt=prompt,
+            config=cfg,
+            model=data.get("model") or None,
+            dtype=data.get("dtype") or defaults.get("dtype", "float32"),
+            max_new_tokens=data.get("max_new_tokens", 32),
+            record=bool(data.get("record", True)),
+            exact_max_tokens=data.get("exact_max_tokens", defaults.get("exact_max_tokens", 8192)),
+            limits=limits or Limits(),
+            extra={k: v for k, v in data.items() if k not in known},
+        )
+
+    # ---- once the model is loaded -------------------------------------------------------
+
+    def run_options(self) -> RunOptions:
+        from sketchwalk.engine.recorder import RecorderOptions
+        from sketchwalk.engine.runner import RunOptions
+
+        return RunOptions(
+            max_new_tokens=int(self.max_new_tokens),
+            record=self.record,
+            recorder=RecorderOptions(exact_max_tokens=int(self.exact_max_tokens)),
+            max_prompt_tokens=self.limits.max_prompt_tokens,
+        )
+
+    def check_model(self, lm: LoadedModel) -> int:
+        """Checks that need the model: prompt length in tokens, context, layer indices.
+        Returns the prompt's token count."""
+        from sketchwalk.engine.runner import tokenize, validate_prompt
+
+        layers = int(getattr(lm.model.config, "num_hidden_layers", 0) or 0)
+        beyond = [x for x in self.config.dense_layers if layers and x >= layers]
+        if beyond:
+            raise RequestError(
+                f"dense layers {', '.join(map(str, beyond))} do not exist: {lm.model_id} has "
+                f"{layers} layers (0 to {layers - 1})"
+            )
+        n_tokens = int(tokenize(lm, self.prompt).shape[1])
+        validate_prompt(n_tokens, lm, self.config, self.run_options())
+        return n_tokens
+
+
+def check_prompt(prompt: Any, max_chars: int | None = None) -> str:
+    """The text rules every entry point shares; returns the prompt unchanged."""
+    if not isinstance(prompt, str):
+        raise RequestError("the prompt must be text")
+    if not prompt.strip():
+        raise RequestError("the prompt is empty")
+    if "\x00" in prompt:
+        raise RequestError("the prompt contains a NUL character (binary data?); remove it")
+    if max_chars is not None and len(prompt) > max_chars:
+        raise RequestError(f"the prompt has {len(prompt)} characters; the limit is {max_chars}")
+    return prompt
+
+
+def check_device(device: str) -> str:
+    """`cpu`, `cuda`, `cuda:N`, `mps`...: refuse a name torch does not know, in one line."""
+    import torch
+
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise RequestError(
+            f"unknown device {device!r}; use cpu, cuda or cuda:N (cuda needs a GPU)"
+        ) from None
+    return device
+
+
+def _int(what: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"{what} must be an integer, got {value!r}")
+    return value

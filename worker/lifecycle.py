@@ -1,0 +1,268 @@
+"""One run request, one lifecycle: load, check, create the run row, run, save, or fail honestly.
+
+The CLI's `sketchwalk run`, the app's in-process worker and standalone workers all go through
+`execute`, so a run ends the same way wherever it started: every check that can refuse the
+request happens before the first row is written; once the run row exists it carries a heartbeat
+(on shared databases) and ends either `done` with all its rows (one transaction) or `failed` with
+one line saying why, including "interrupted" when a signal stopped it. A run that belongs to a
+job also moves the job, through the job's claim, so a worker that lost its job writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from sketchwalk.engine.request import RequestError, RunRequest
+from sketchwalk.errors import SketchWalkError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Progress(Protocol):
+    """The one progress protocol: fraction done in [0, 1] and a short message. It may raise
+    (a checkpoint) to stop the run; the lifecycle then ends the run as that exception says."""
+
+    def __call__(self, fraction: float, message: str) -> None: ...
+
+
+def no_progress(fraction: float, message: str) -> None:
+    """A Progress that reports nothing."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal (SIGINT, SIGTERM) stopped a run; `exit_code` is the shell's 128 + signal."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+
+
+@dataclass(frozen=True)
+class JobClaim:
+    """The job a run belongs to and the claim token that fences its writes."""
+
+    job_id: str
+    claim: str | None
+
+
+@dataclass
+class Outcome:
+    run_id: str | None
+    result: Any  # RunResult
+
+
+ModelLoader = Callable[[str | None, str], Any]
+"""(model id or None for the default, dtype) -> LoadedModel."""
+
+
+def execute(
+    request: RunRequest,
+    store: Any | None,
+    load: ModelLoader,
+    progress: Progress = no_progress,
+    job: JobClaim | None = None,
+    heartbeat_s: float = 10.0,
+) -> Outcome:
+    """Run `request` to its end and return the run id (None without a store) and its result.
+
+    Any failure is recorded first (the run failed with one line, the job failed through its
+    claim) and then raised, so callers decide how to report it. Exceptions with a true
+    `keeps_run_state` attribute (a worker releasing or abandoning its job) pass through without a
+    write: whoever took the job over owns its state. `store=None` runs without storing anything.
+    """
+    run_id: str | None = None
+    try:
+        lm = load_checked(load, request)
+        request.check_model(lm)  # bad input writes nothing
+        if store is not None:
+            run_id = retrying(
+                lambda: store.create_run(
+                    {
+                        **request.to_dict(),
+                        "model": lm.model_id,
+                        **({"job_id": job.job_id} if job else {}),
+                    },
+                    status="running",
+                ),
+                "create the run",
+            )
+            if job is not None:
+                store.update_job(job.job_id, 0.0, "starting", run_id=run_id, claim=job.claim)
+        from sketchwalk.engine.runner import run
+
+        with _run_heartbeat(store, run_id, heartbeat_s):
+            result = run(lm, request.prompt, request.config, request.run_options(), progress)
+            if store is not None:
+                progress(1.0, "saving results")
+                fence = (job.job_id, job.claim) if job is not None and job.claim else None
+                retrying(lambda: store.save_result(run_id, result, job=fence), "save the run")
+                if job is not None and fence is None:
+                    store.finish_job(job.job_id, run_id=run_id)
+        return Outcome(run_id, result)
+    except BaseException as exc:
+        if getattr(exc, "keeps_run_state", False) or _is_lost(exc):
+            raise
+        with _shielded():
+            _record_failure(store, run_id, job, failure_text(exc))
+        raise
+
+
+def failure_text(exc: BaseException) -> str:
+    """The one line a failed run shows: the user's own error as is, a signal as
+    'interrupted', anything else with its type (the log has the traceback)."""
+    if isinstance(exc, Interrupted):
+        return f"interrupted ({signal.Signals(exc.signum).name}); the run was stopped"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (SIGINT); the run was stopped"
+    if isinstance(exc, SketchWalkError):
+        return first_line(exc)
+    return f"the run failed: {type(exc).__name__}: {first_line(exc)}"
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:500] if text else type(exc).__name__
+
+
+def load_checked(load: ModelLoader, request: RunRequest) -> Any:
+    """The model, or one line saying why not: a damaged weights file or an unknown device is
+    the user's to fix, not a traceback."""
+    try:
+        return load(request.model, request.dtype)
+    except SketchWalkError:
+        raise
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:
+        raise RequestError(
+            f"cannot load model {request.model or 'default'!r}: {type(exc).__name__}: "
+            f"{first_line(exc)[:200]}"
+        ) from exc
+
+
+def _record_failure(store: Any, run_id: str | None, job: JobClaim | None, text: str) -> None:
+    if store is None:
+        return
+    try:
+        if run_id is not None:
+            retrying(lambda: _fail_run(store, run_id, text), "record the failure")
+        if job is not None:
+            retrying(
+                lambda: store.finish_job(job.job_id, run_id=run_id, error=text, claim=job.claim),
+                "record the failure",
+            )
+    except Exception as exc:  # lost the job, or the database stayed down: recovery decides
+        log.warning("could not record the failure of run %s: %s", run_id, first_line(exc))
+
+
+def _fail_run(store: Any, run_id: str, text: str) -> None:
+    if store.get_run(run_id)["status"] != "done":
+        store.mark_failed(run_id, text)
+
+
+def _is_lost(exc: BaseException) -> bool:
+    from sketchwalk.store.errors import JobLostError
+
+    return isinstance(exc, JobLostError)
+
+
+# ---- staying alive across a short outage -------------------------------------------------
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A lost connection or a restarting server: worth trying again shortly."""
+    import sqlalchemy as sa
+
+    for e in (exc, exc.__cause__):
+        if isinstance(e, sa.exc.OperationalError) or (
+            isinstance(e, sa.exc.DBAPIError) and e.connection_invalidated
+        ):
+            return True
+    return False
+
+
+def retrying(fn: Callable[[], T], what: str, within_s: float = 30.0) -> T:
+    """Call `fn` until it succeeds, retrying transient database errors for up to `within_s`
+    seconds (a worker's own state writes must survive a database restart), then give up."""
+    deadline = time.monotonic() + within_s
+    wait = 0.25
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_transient(exc) or time.monotonic() + wait > deadline:
+                raise
+            log.warning("could not %s (%s); retrying in %.2g s", what, first_line(exc), wait)
+            time.sleep(wait)
+            wait = min(wait * 2, 4.0)
+
+
+# ---- heartbeat and signals ---------------------------------------------------------------
+
+
+@contextmanager
+def _run_heartbeat(store: Any, run_id: str | None, every_s: float) -> Iterator[None]:
+    """Keep a running run's `updated_at` fresh on a shared database, so any process can tell a
+    live run from one whose process died. Embedded files have one process: nothing to do."""
+    if store is None or run_id is None or store.engine.dialect.name in ("duckdb", "sqlite"):
+        yield
+        return
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(max(0.05, every_s)):
+            try:
+                if not store.touch_run(run_id):
+                    return
+            except Exception as exc:  # a hiccup: the next beat or the stale timeout decides
+                log.warning("heartbeat of run %s failed: %s", run_id, first_line(exc))
+
+    thread = threading.Thread(target=beat, name=f"run-heartbeat-{run_id[:8]}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5)
+
+
+@contextmanager
+def _shielded() -> Iterator[None]:
+    """While the failure is written, further SIGINT/SIGTERM wait (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """Inside, SIGTERM (and SIGINT) raise Interrupted in the main thread, so a run stopped by
+    the shell or a process manager is marked failed before the process exits."""
+
+    def on_signal(signum: int, frame: Any) -> None:
+        raise Interrupted(signum)
+
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, on_signal) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
