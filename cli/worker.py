@@ -104,14 +104,26 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise SketchWalkError(f"--grace must be >= 0 seconds, got {grace:g}")
     runner = load_runner(args.runner)
     name = args.name or standalone_name(device)
+    import torch
+
+    # Like the app's worker: several workers on one host, each with every core in its OpenMP
+    # team, stall each other (3 workers x 2 threads on 2 cores); SKETCHWALK_THREADS sizes it.
+    torch.set_num_threads(settings.threads)
     store = open_store(args.db)  # StoreLockedError (one line) when the app holds the file
     try:
         worker = Worker(store, settings, name=name, device=device, runner=runner)
         # DuckDB: this is the only process, so every 'running' job is a leftover. A server
         # database: only jobs whose heartbeat went stale (other workers may be mid-job).
-        recovered = worker.recover_stale() if worker.shared_store else recover(store, name)
+        recovered = (
+            worker.recover_stale()
+            if worker.shared_store
+            else recover(store, name, settings.job_max_attempts)
+        )
         if recovered:
-            print(f"sketchwalk: marked {len(recovered)} interrupted job(s) failed", file=sys.stderr)
+            print(
+                f"sketchwalk: took back {len(recovered)} interrupted job(s) (re-queued or failed)",
+                file=sys.stderr,
+            )
         with graceful_signals(worker, grace) as received:
             if args.once:
                 done = worker.drain()

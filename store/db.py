@@ -119,6 +119,11 @@ def translate_error(exc: BaseException, url: URL) -> StoreError | None:
             f"database file {where} is open in another process{holder}; DuckDB allows one "
             "process at a time: close that sketchwalk app/CLI, or pass another --db / SKETCHWALK_DB"
         )
+    if "sqlite_scanner" in message:  # DuckDB recognised a SQLite file (and installs nothing)
+        return StoreCorruptError(
+            f"{where} is not a valid DuckDB database file (it is a SQLite file: open it as "
+            f"sqlite:///{where}, or pass another --db)"
+        )
     if "not a valid DuckDB database file" in message or "Corrupt database" in message:
         return StoreCorruptError(
             f"{where} is not a valid DuckDB database file (damaged or another format); "

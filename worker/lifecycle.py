@@ -212,9 +212,10 @@ def retrying(fn: Callable[[], T], what: str, within_s: float = 30.0) -> T:
 
 @contextmanager
 def _run_heartbeat(store: Any, run_id: str | None, every_s: float) -> Iterator[None]:
-    """Keep a running run's `updated_at` fresh on a shared database, so any process can tell a
-    live run from one whose process died. Embedded files have one process: nothing to do."""
-    if store is None or run_id is None or store.engine.dialect.name in ("duckdb", "sqlite"):
+    """Keep a running run's `updated_at` fresh on a database other processes can open, so any
+    of them can tell a live run from one whose process died. A DuckDB file has one process (it
+    is locked), which is alive while it holds the file: nothing to do."""
+    if store is None or run_id is None or store.engine.dialect.name == "duckdb":
         yield
         return
     done = threading.Event()

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 RESTART_REASON = (
     "the worker stopped while this job was running (app or worker restarted); submit it again"
 )
+RESTART_RUN_REASON = (
+    "the process running it stopped before it finished (killed or crashed); run it again"
+)
 RELEASE_REASON = "re-queued: worker {name} shut down before finishing it"
 
 

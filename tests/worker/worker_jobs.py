@@ -28,3 +28,14 @@ def mixed(worker, job) -> None:
     worker.checkpoint()
     store.set_status(run_id, "done")
     store.finish_job(job.id, run_id=run_id)
+
+
+def threads(worker, job) -> None:
+    """Records the torch thread count the worker process runs jobs with (in the run's model)."""
+    import torch
+
+    run_id = worker.store.create_run(
+        {"prompt": job.id, "model": f"threads={torch.get_num_threads()}"}, status="running"
+    )
+    worker.store.set_status(run_id, "done")
+    worker.store.finish_job(job.id, run_id=run_id)
