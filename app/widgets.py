@@ -21,6 +21,7 @@ from sketchwalk import settings as app_settings
 from sketchwalk.engine.config import SketchWalkConfig
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.store import Store, open_store, resolve_url
+from sketchwalk.text import plain_markdown
 from sketchwalk.worker.loop import Worker, make_request
 
 RUN_KEY = "run_id"  # the run the person is looking at, shared by Explore/Compare/Speed
@@ -44,7 +45,7 @@ def get_store() -> Store:
     try:
         return _store(db_url())
     except SketchWalkError as exc:
-        st.error(f"Cannot open the run store: {exc}")
+        st.error(plain_markdown(f"Cannot open the run store: {exc}"))
         st.stop()
         raise  # unreachable; st.stop raises
 
@@ -264,7 +265,7 @@ def show_job(job, queue_position: int | None = None) -> None:
     elif job.status == "done":
         st.success(f"{head}: done{took} · run {str(job.run_id)[:8]}")
     else:
-        st.error(f"{head} failed: {job.error or 'unknown error'}")
+        st.error(plain_markdown(f"{head} failed: {job.error or 'unknown error'}"))
 
 
 def ms(t0: float) -> float:

@@ -10,3 +10,12 @@ def terminal_safe(text: str) -> str:
         ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
         for ch in text
     )
+
+
+_MARKDOWN = set("\\`*_{}[]()<>#+-.!|~$:")
+
+
+def plain_markdown(text: str) -> str:
+    """Text shown through a markdown renderer (st.error, st.info) exactly as typed: a model id
+    like `[x](javascript:...)` or `**bold**` from a user stays literal, never a link or style."""
+    return "".join("\\" + ch if ch in _MARKDOWN else ch for ch in text)

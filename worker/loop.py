@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from sketchwalk import access
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.settings import Settings
 from sketchwalk.settings import load as load_settings
@@ -152,6 +153,7 @@ def execute_job(
             dtype=settings.dtype,
             exact_max_tokens=settings.exact_max_tokens,
         )
+        access.load().check_model(request.model)  # whoever queued it, only listed models
     except SketchWalkError as exc:
         message = first_line(exc)
         retrying(

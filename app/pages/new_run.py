@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from sketchwalk import settings
+from sketchwalk import access, settings
 from sketchwalk.app import knob_widgets, prompts, widgets
 from sketchwalk.engine.config import PRESETS, ConfigError
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.text import plain_markdown
 from sketchwalk.worker.loop import make_request
 
 store = widgets.setup("New run")
@@ -39,10 +40,16 @@ st.selectbox(
 prompt = st.text_area("Prompt", key="nr_prompt", height=220, max_chars=limits.max_prompt_chars)
 
 left, right = st.columns([2, 1])
+policy = access.load()
 with left:
-    model_id = st.text_input(
-        "Model", key="nr_model", help="smollm2 (default), a Hugging Face id, or a local folder"
-    )
+    if policy.restricted:  # a shared deployment: only the models its operator listed
+        names = list(policy.models)
+        choice = st.selectbox("Model", names, index=names.index(policy.default_model))
+        model_id = policy.resolve(choice)
+    else:
+        model_id = st.text_input(
+            "Model", key="nr_model", help="smollm2 (default), a Hugging Face id, or a local folder"
+        )
 with right:
     st.selectbox(
         "Preset",
@@ -96,7 +103,7 @@ if n_tokens is not None and info is not None:
         errors.append(f"Block size {cfg.block_size} is larger than the prompt ({n_tokens} tokens).")
 
 for message in errors:
-    st.error(message)
+    st.error(plain_markdown(message))
 for message in notes:
     st.info(message)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from sketchwalk import access
 from sketchwalk.app import widgets
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.text import plain_markdown
 
 store = widgets.setup("Runs")
 runs = store.list_runs()
@@ -73,8 +75,11 @@ with c1:
         key="btn_export",
     )
 with c2:
-    confirm = st.checkbox("Yes, delete the selected runs", key="runs_confirm")
-    if st.button(f"Delete {len(picked)} runs", disabled=not (picked and confirm), key="btn_delete"):
+    can_delete = access.load().allow_delete  # a shared deployment may switch deleting off
+    confirm = can_delete and st.checkbox("Yes, delete the selected runs", key="runs_confirm")
+    if can_delete and st.button(
+        f"Delete {len(picked)} runs", disabled=not (picked and confirm), key="btn_delete"
+    ):
         for rid in picked:
             store.delete_run(rid)
         widgets.clear_caches()
@@ -83,18 +88,20 @@ with c2:
         st.session_state.pop("runs_confirm", None)
         st.rerun()
 
-st.subheader("Import")
-upload = st.file_uploader(
+can_import = access.load().allow_import  # a shared deployment may switch importing off
+if can_import:
+    st.subheader("Import")
+upload = can_import and st.file_uploader(
     "A Parquet zip made by Export or `sketchwalk export`", type=["zip"], key="runs_upload"
 )
-skip = st.checkbox("Skip runs already in the store", value=True, key="runs_skip")
-if upload is not None and st.button("Import", key="btn_import"):
+skip = can_import and st.checkbox("Skip runs already in the store", value=True, key="runs_skip")
+if can_import and upload and st.button("Import", key="btn_import"):
     try:
         ids = store.import_parquet(upload.getvalue(), skip_existing=skip)
         widgets.clear_caches()
         st.success(f"Imported {len(ids)} runs.")
     except SketchWalkError as exc:
-        st.error(f"Import failed: {exc}")
+        st.error(plain_markdown(f"Import failed: {exc}"))
 
 st.subheader("Jobs")
 jobs = store.list_jobs()

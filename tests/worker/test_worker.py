@@ -226,3 +226,38 @@ def test_app_command_builds_a_headless_streamlit_command_and_checks_the_store(tm
         timeout=120,
     )
     assert out.returncode == 2 and "not a valid DuckDB database file" in out.stderr
+
+
+def test_a_job_for_an_unlisted_model_fails_and_stores_nothing(
+    store, tiny_model, models, tmp_path, monkeypatch
+):
+    settings = tmp_path / "app.toml"
+    settings.write_text(f'[models]\n[models.allowed]\ntiny = "{tiny_model}"\n')
+    monkeypatch.setenv("SKETCHWALK_APP_CONFIG", str(settings))
+    bad = store.enqueue_job(make_request(TEXT, tiny_config(), "/etc", 2))
+    good = store.enqueue_job(make_request(TEXT, tiny_config(), tiny_model, 2))
+    Worker(store, models=models).drain()
+    refused = store.get_job(bad)
+    assert refused.status == "failed" and "not on this deployment's list" in refused.error
+    assert refused.run_id is None
+    assert store.get_job(good).status == "done"
+    assert len(store.run_ids()) == 1
+
+
+def test_a_standalone_worker_sizes_torch_threads(tmp_path):
+    db = str(tmp_path / "t.duckdb")
+    with open_store(db) as s:
+        job_id = s.enqueue_job({"prompt": "threads"})
+    env = {
+        **__import__("os").environ,
+        "SKETCHWALK_THREADS": "3",  # torch's own default is the core count
+        "PYTHONPATH": str(__import__("pathlib").Path(__file__).parent),
+    }
+    cmd = [sys.executable, "-m", "sketchwalk.cli.main", "worker", "--db", db, "--once"]
+    proc = subprocess.run(
+        [*cmd, "--runner", "worker_jobs:threads"], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    with open_store(db) as s:
+        run = s.get_run(s.get_job(job_id).run_id)
+    assert run["model_id"] == "threads=3"
