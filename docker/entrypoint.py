@@ -92,6 +92,24 @@ def safe_url(url: str) -> str:
     return f"{scheme}://{user}:***@{host}"
 
 
+def require_password(url: str) -> None:
+    """A server database without a password is refused: in compose that means POSTGRES_PASSWORD
+    was not set, and a default password would let anyone on the network into the store."""
+    if backend(url) != "postgresql":
+        return
+    from sqlalchemy.engine import make_url
+
+    try:
+        password = make_url(url).password
+    except Exception:  # an unparsable URL: the store says so in one line when opened
+        return
+    if not password:
+        raise fail(
+            f"refusing to start: the database URL {safe_url(url)} has no password; set "
+            "POSTGRES_PASSWORD (compose) or put one in SKETCHWALK_DB"
+        )
+
+
 def wait_for_store(
     url: str,
     timeout_s: float,
@@ -158,6 +176,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         from sketchwalk.store import resolve_url
 
         url = resolve_url(env.get("SKETCHWALK_DB") or None)
+        require_password(url)
         try:
             wait_s = float(env.get("SKETCHWALK_DB_WAIT_S", "60"))
         except ValueError:

@@ -43,7 +43,7 @@ def test_compose_profiles_roles_and_gpu_reservations():
     services = compose["services"]
     gpu = {n for n, s in services.items() if "gpu" in s.get("profiles", [])}
     cpu = {n for n, s in services.items() if "cpu" in s.get("profiles", [])}
-    assert gpu == {"postgres", "app", "worker-0", "worker-1"} and cpu == {"app-cpu"}
+    assert gpu == {"postgres", "app", "proxy", "worker-0", "worker-1"} and cpu == {"app-cpu"}
     assert all(s.get("profiles") for s in services.values())  # nothing starts unasked
     assert services["postgres"]["volumes"] == ["pgdata:/var/lib/postgresql/data"]
     gpus = []
@@ -60,3 +60,36 @@ def test_compose_profiles_roles_and_gpu_reservations():
     assert app["environment"]["SKETCHWALK_DB"].startswith("postgresql://")
     assert "SKETCHWALK_DB" not in services["app-cpu"].get("environment", {})  # DuckDB default
     assert services["app-cpu"]["volumes"] == ["cpu-data:/data"]
+
+
+def test_nothing_is_published_beyond_loopback_unless_asked_and_the_app_is_behind_a_login():
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    services = compose["services"]
+    published = {n: s["ports"] for n, s in services.items() if s.get("ports")}
+    assert set(published) == {"proxy", "app-cpu"}  # the shared app only through the proxy
+    for ports in published.values():
+        (port,) = ports
+        assert port.startswith("${SKETCHWALK_PUBLISH_HOST:-127.0.0.1}:"), port
+    proxy = services["proxy"]
+    assert "./Caddyfile:/etc/caddy/Caddyfile:ro" in proxy["volumes"]
+    caddy = (DOCKER / "Caddyfile").read_text()
+    assert "basic_auth" in caddy and "reverse_proxy app:8501" in caddy
+    assert "{$SKETCHWALK_AUTH_USER} {$SKETCHWALK_AUTH_HASH}" in caddy
+    # no default password anywhere: an unset POSTGRES_PASSWORD stays empty, and both the
+    # postgres image and the entry point refuse to start on an empty one
+    text = (DOCKER / "compose.yaml").read_text()
+    assert "POSTGRES_PASSWORD:-}" in text and "POSTGRES_PASSWORD:-sketchwalk" not in text
+    for name in ("app", "worker-0", "worker-1"):
+        env = services[name]["environment"]
+        assert env["SKETCHWALK_APP_CONFIG"] == "/etc/sketchwalk/app-settings.toml"
+        assert (
+            "./app-settings.toml:/etc/sketchwalk/app-settings.toml:ro" in services[name]["volumes"]
+        )
+
+
+def test_the_shipped_app_settings_parse_and_lock_the_shared_app_down():
+    from sketchwalk import access
+
+    policy = access.load({"SKETCHWALK_APP_CONFIG": str(DOCKER / "app-settings.toml")})
+    assert policy.restricted and policy.resolve(None) == "smollm2"
+    assert not policy.allow_delete and not policy.allow_import

@@ -176,3 +176,13 @@ def test_app_role_serves_on_postgresql_and_the_healthcheck_sees_it(pg_url, tmp_p
     finally:
         app.terminate()
         app.wait(30)
+
+
+@pytest.mark.parametrize("role", ["app", "worker"])
+def test_a_server_database_without_a_password_is_refused(role, capsys):
+    env = {"SKETCHWALK_DB": "postgresql://sketchwalk:@postgres:5432/sketchwalk"}
+    with pytest.raises(SystemExit) as stop:
+        ep.main([role], env)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no password" in err[0] and "POSTGRES_PASSWORD" in err[0]
