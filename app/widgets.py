@@ -37,7 +37,12 @@ def db_url() -> str:
 
 @st.cache_resource(show_spinner=False)
 def _store(url: str) -> Store:
-    return open_store(url)
+    store = open_store(url)
+    if store.engine.dialect.name != "duckdb":  # runs of dead CLI processes (see cli/store.py)
+        from sketchwalk.cli.store import recover_dead_runs
+
+        recover_dead_runs(store)
+    return store
 
 
 def get_store() -> Store:

@@ -38,10 +38,17 @@ class RunsMixin:
 
     # ---- writes -------------------------------------------------------------------------
 
-    def create_run(self, request: dict[str, Any], status: str | None = None) -> str:
+    def create_run(
+        self,
+        request: dict[str, Any],
+        status: str | None = None,
+        job: tuple[str, str] | None = None,
+    ) -> str:
         """Record a requested run (status 'queued' or 'running') and return its new id.
 
         request: prompt (str), model (id), config (dict), method; kept verbatim as JSON too.
+        `job` = (job id, claim token): link the run to that job in the same transaction, only
+        while the claim still owns it (JobLostError and no run row otherwise).
         """
         if not isinstance(request, dict) or not isinstance(request.get("prompt"), str):
             raise InvalidResultError("a run request needs a 'prompt' string")
@@ -67,6 +74,10 @@ class RunsMixin:
                     request=jsonio.dumps(request),
                 )
             )
+            if job is not None:
+                self.fence_job(  # type: ignore[attr-defined]  # JobsMixin
+                    conn, job[0], job[1], {"run_id": run_id, "message": "starting"}
+                )
         return run_id
 
     def set_status(self, run_id: str, status: str, error: str | None = None) -> None:

@@ -85,7 +85,8 @@ def execute(
         lm = load_checked(load, request)
         request.check_model(lm)  # bad input writes nothing
         if store is not None:
-            run_id = retrying(
+            fence = (job.job_id, job.claim) if job is not None and job.claim else None
+            run_id = retrying(  # linked to its job in the same transaction, fenced
                 lambda: store.create_run(
                     {
                         **request.to_dict(),
@@ -93,18 +94,18 @@ def execute(
                         **({"job_id": job.job_id} if job else {}),
                     },
                     status="running",
+                    job=fence,
                 ),
                 "create the run",
             )
-            if job is not None:
-                store.update_job(job.job_id, 0.0, "starting", run_id=run_id, claim=job.claim)
+            if job is not None and fence is None:
+                store.update_job(job.job_id, 0.0, "starting", run_id=run_id)
         from sketchwalk.engine.runner import run
 
         with _run_heartbeat(store, run_id, heartbeat_s):
             result = run(lm, request.prompt, request.config, request.run_options(), progress)
             if store is not None:
                 progress(1.0, "saving results")
-                fence = (job.job_id, job.claim) if job is not None and job.claim else None
                 retrying(lambda: store.save_result(run_id, result, job=fence), "save the run")
                 if job is not None and fence is None:
                     store.finish_job(job.job_id, run_id=run_id)
