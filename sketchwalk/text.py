@@ -3,6 +3,8 @@ among them could retitle, clear or spoof the user's terminal when printed as is.
 
 from __future__ import annotations
 
+import re
+
 
 def terminal_safe(text: str) -> str:
     """Control and other non-printable characters shown as visible escapes (\\x1b, \\n)."""
@@ -12,10 +14,15 @@ def terminal_safe(text: str) -> str:
     )
 
 
-_MARKDOWN = set("\\`*_{}[]()<>#+-.!|~$:")
+_MARKDOWN = set("\\`*_[]<>#|~$")
+"""What turns text into links, images, code, emphasis, HTML, headings, tables or math; list
+markers matter only at the start of a line and are escaped there."""
 
 
 def plain_markdown(text: str) -> str:
     """Text shown through a markdown renderer (st.error, st.info) exactly as typed: a model id
     like `[x](javascript:...)` or `**bold**` from a user stays literal, never a link or style."""
-    return "".join("\\" + ch if ch in _MARKDOWN else ch for ch in text)
+    out = "".join("\\" + ch if ch in _MARKDOWN else ch for ch in text)
+    out = out.replace("://", "\\://")  # no bare-URL autolinks
+    out = re.sub(r"^(\d+)([.)])", r"\1\\\2", out)  # "1. " would start a numbered list
+    return "\\" + out if out[:1] in ("-", "+", "=") else out

@@ -60,4 +60,4 @@ def test_user_text_in_errors_is_not_markdown(monkeypatch, tmp_path):
     at.text_input(key="nr_model").input("[click](http://evil.example/x)").run()
     bodies = [e.value for e in at.error]
     assert bodies and all("[click](http" not in b for b in bodies)
-    assert any(r"\[click\]\(http" in b for b in bodies)
+    assert any(r"\[click\](http\://" in b for b in bodies)
