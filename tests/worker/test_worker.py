@@ -44,7 +44,7 @@ def test_job_runs_stores_the_run_and_reuses_the_model(store, tiny_model, models)
 @pytest.mark.parametrize(
     ("request_changes", "message"),
     [
-        ({"config": {"density": 0.0}}, "density must be in (0, 1]"),
+        ({"config": {"density": 0.0}}, "density must be > 0"),
         ({"config": {"bogus": 1}}, "unknown config keys: bogus"),
         ({"prompt": "   "}, "the prompt is empty"),
         ({"max_new_tokens": 10_000}, "max new tokens must be between 0 and"),
