@@ -302,7 +302,11 @@ class JobsMixin:
             rest = [row[0] for row in rows if row[0] not in retry]
             failed: list[str] = []
             if rest:
-                tries = f" (after {max_attempts} attempts)" if max_attempts is not None else ""
+                tries = (
+                    f" (after {max_attempts} attempts); submit it again"
+                    if max_attempts is not None
+                    else ""
+                )
                 failed = list(
                     conn.execute(
                         j.update()

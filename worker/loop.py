@@ -3,13 +3,16 @@
 In the default setup it is a thread inside the app's process, because DuckDB allows one writer
 process and the app already holds the file; `sketchwalk worker` runs the same loop standalone
 (for a server database, one per device). Models load once per (model, dtype, device) and stay
-cached. Jobs survive restarts: at start, jobs left 'running' by a dead process are marked failed
-with a reason, and queued jobs are simply taken in order.
+cached. A job runs through the same lifecycle as `sketchwalk run` (worker/lifecycle.py). Jobs
+survive restarts: at start, jobs left 'running' by a dead process are re-queued (until they
+have been claimed SKETCHWALK_JOB_MAX_ATTEMPTS times, then failed with the reason), and queued
+jobs are simply taken in order.
 
 With several processes on a server database, a worker cannot know whether another one is alive
-except by its heartbeat: while a job runs, a side thread refreshes the job's heartbeat, and every
-worker periodically fails jobs whose heartbeat is older than the job timeout (their worker was
-killed or lost the database). Stopping is cooperative: the run's progress callback is a
+except by its heartbeat: while a job runs, a side thread refreshes the job's heartbeat (on the
+database's clock), and every worker periodically takes back jobs whose heartbeat is older than
+the job timeout (their worker was killed or lost the database). Every write of a job names its
+claim token, so a worker that lost its job writes nothing more to it. Stopping is cooperative: the run's progress callback is a
 checkpoint where a requested release (SIGTERM after its grace period) or a lost job interrupts
 the run, and the job goes back to the queue or is dropped.
 """
@@ -33,7 +36,7 @@ from sketchwalk.store.errors import JobLostError
 log = logging.getLogger(__name__)
 
 RESTART_REASON = (
-    "the worker stopped while this job was running (app or worker restarted); submit it again"
+    "the worker stopped while this job was running (app or worker restarted)"
 )
 RESTART_RUN_REASON = (
     "the process running it stopped before it finished (killed or crashed); run it again"
@@ -45,7 +48,7 @@ def stale_reason(timeout_s: float) -> str:
     """Why a job whose worker went silent is failed (shown to the user as the job's error)."""
     return (
         f"its worker sent no heartbeat for over {timeout_s:g} s (killed, out of memory or cut "
-        "off from the database); submit it again"
+        "off from the database)"
     )
 
 

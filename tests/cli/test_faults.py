@@ -14,7 +14,6 @@ import time
 
 import pytest
 import sqlalchemy as sa
-from pg_testdb import fresh_schema
 
 from sketchwalk.cli.main import main
 from sketchwalk.store import open_store
@@ -84,11 +83,10 @@ def test_a_nul_byte_in_a_prompt_is_refused(db, tiny_model_dir, capsys, prompt):
 
 
 def test_a_nul_byte_never_reaches_postgresql(tiny_model_dir, capsys, pg_url):
-    with fresh_schema(pg_url) as url:
-        assert main(_run(url, tiny_model_dir, "before\x00after")) == 2
-        assert "NUL character" in _one_line(capsys)
-        with open_store(url) as store:
-            assert store.run_ids() == []
+    assert main(_run(pg_url, tiny_model_dir, "before\x00after")) == 2
+    assert "NUL character" in _one_line(capsys)
+    with open_store(pg_url) as store:
+        assert store.run_ids() == []
 
 
 def test_a_corrupt_weights_file(db, tiny_model_dir, tmp_path, capsys):
@@ -226,22 +224,20 @@ def test_a_signal_marks_the_run_failed_on_duckdb(db, tiny_model_dir, tmp_path, s
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_marks_the_run_failed_on_postgresql(tiny_model_dir, tmp_path, pg_url, sig):
-    with fresh_schema(pg_url) as url:
-        proc, log = _start_run(url, tiny_model_dir, tmp_path)
-        try:
-            with open_store(url) as store:
-                _wait_until(
-                    lambda: (
-                        store.list_runs(status="running").shape[0] == 1 or proc.poll() is not None
-                    ),
-                    "the run",
-                )
-                proc.send_signal(sig)
-                rc = proc.wait(60)
-                (run_id,) = store.run_ids()
-                run = store.get_run(run_id)
-        finally:
-            proc.kill()
+    url = pg_url  # a fresh schema of the test server, dropped afterwards
+    proc, log = _start_run(url, tiny_model_dir, tmp_path)
+    try:
+        with open_store(url) as store:
+            _wait_until(
+                lambda: store.list_runs(status="running").shape[0] == 1 or proc.poll() is not None,
+                "the run",
+            )
+            proc.send_signal(sig)
+            rc = proc.wait(60)
+            (run_id,) = store.run_ids()
+            run = store.get_run(run_id)
+    finally:
+        proc.kill()
     assert rc == 128 + sig, log.read_text()
     assert run["status"] == "failed"
     assert run["error"].startswith(f"interrupted ({signal.Signals(sig).name})")
@@ -250,30 +246,28 @@ def test_a_signal_marks_the_run_failed_on_postgresql(tiny_model_dir, tmp_path, p
 def test_a_killed_cli_run_is_failed_by_the_next_process_on_postgresql(
     tiny_model_dir, tmp_path, pg_url, monkeypatch, capsys
 ):
-    with fresh_schema(pg_url) as url:
-        proc, log = _start_run(url, tiny_model_dir, tmp_path)
-        try:
-            with open_store(url) as store:
-                _wait_until(
-                    lambda: (
-                        store.list_runs(status="running").shape[0] == 1 or proc.poll() is not None
-                    ),
-                    "the run",
-                )
-                proc.kill()  # SIGKILL: no handler runs, the heartbeat stops
-                proc.wait(60)
-                (run_id,) = store.run_ids()
-                assert store.get_run(run_id)["status"] == "running"
-                monkeypatch.setenv("SKETCHWALK_RUN_STALE_S", "0.5")
-                _wait_until(
-                    lambda: (
-                        main(["runs", "--db", url, "--status", "failed", "--json"]) == 0
-                        and run_id in capsys.readouterr().out
-                    ),
-                    "`sketchwalk runs` to fail the dead run",
-                    timeout=30,
-                )
-                run = store.get_run(run_id)
-        finally:
-            proc.kill()
+    url = pg_url  # a fresh schema of the test server, dropped afterwards
+    proc, log = _start_run(url, tiny_model_dir, tmp_path)
+    try:
+        with open_store(url) as store:
+            _wait_until(
+                lambda: store.list_runs(status="running").shape[0] == 1 or proc.poll() is not None,
+                "the run",
+            )
+            proc.kill()  # SIGKILL: no handler runs, the heartbeat stops
+            proc.wait(60)
+            (run_id,) = store.run_ids()
+            assert store.get_run(run_id)["status"] == "running"
+            monkeypatch.setenv("SKETCHWALK_RUN_STALE_S", "0.5")
+            _wait_until(
+                lambda: (
+                    main(["runs", "--db", url, "--status", "failed", "--json"]) == 0
+                    and run_id in capsys.readouterr().out
+                ),
+                "`sketchwalk runs` to fail the dead run",
+                timeout=30,
+            )
+            run = store.get_run(run_id)
+    finally:
+        proc.kill()
     assert run["status"] == "failed" and "no heartbeat" in run["error"]

@@ -77,7 +77,7 @@ def test_jobs_out_of_attempts_fail_with_the_reason(store):
         _age_heartbeat(store, job_id, 600)
         store.recover_jobs("died", stale_after_s=60, max_attempts=2)
     failed = store.get_job(job_id)
-    assert failed.status == "failed" and failed.error == "died (after 2 attempts)"
+    assert failed.status == "failed" and failed.error.startswith("died (after 2 attempts)")
 
 
 def test_recovery_leaves_a_job_whose_worker_beat_in_time(store):
