@@ -35,9 +35,7 @@ from sketchwalk.store.errors import JobLostError
 
 log = logging.getLogger(__name__)
 
-RESTART_REASON = (
-    "the worker stopped while this job was running (app or worker restarted)"
-)
+RESTART_REASON = "the worker stopped while this job was running (app or worker restarted)"
 RESTART_RUN_REASON = (
     "the process running it stopped before it finished (killed or crashed); run it again"
 )
