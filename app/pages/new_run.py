@@ -7,6 +7,7 @@ import streamlit as st
 from sketchwalk import access, settings
 from sketchwalk.app import knob_widgets, prompts, widgets
 from sketchwalk.engine.config import PRESETS, ConfigError
+from sketchwalk.engine.request import Limits, RequestError, RunRequest
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.text import plain_markdown
 from sketchwalk.worker.loop import make_request
@@ -101,6 +102,17 @@ if n_tokens is not None and info is not None:
         )
     elif cfg is not None and cfg.block_size > n_tokens:
         errors.append(f"Block size {cfg.block_size} is larger than the prompt ({n_tokens} tokens).")
+    elif cfg is not None:
+        try:  # what the worker will check too (engine/request.py), before anything is queued
+            RunRequest(
+                prompt=prompt,
+                config=cfg,
+                model=model_id.strip() or None,
+                max_new_tokens=int(max_new),
+                limits=Limits.from_settings(limits),
+            )
+        except RequestError as exc:
+            errors.append(str(exc))
 
 for message in errors:
     st.error(plain_markdown(message))

@@ -61,3 +61,13 @@ def test_user_text_in_errors_is_not_markdown(monkeypatch, tmp_path):
     bodies = [e.value for e in at.error]
     assert bodies and all("[click](http" not in b for b in bodies)
     assert any(r"\[click\](http\://" in b for b in bodies)
+
+
+def test_the_page_refuses_what_the_worker_would(monkeypatch, tmp_path, tiny_model):
+    monkeypatch.setenv("SKETCHWALK_DB", str(tmp_path / "y.duckdb"))
+    monkeypatch.setenv("SKETCHWALK_APP_WORKER", "0")
+    at = new_app().run()
+    at.text_input(key="nr_model").input(tiny_model).run()
+    at.text_area(key="nr_prompt").input("The quick brown fox jumps. " * 20 + "\x00").run()
+    assert any("NUL character" in e.value for e in at.error)
+    assert at.button(key="btn_run").disabled
