@@ -104,6 +104,22 @@ class _Checker:
         bad = pc.invert(pc.is_in(self.data[column], pa.array(allowed)))
         self.fail(column, bad, f"is not one of {', '.join(allowed)}")
 
+    def phases(self) -> None:
+        """'prefill', 'decode', or either with a KV-head group tag ('prefill:g2')."""
+        from sketchwalk.engine.records import split_phase
+
+        values = self.data["phase"]
+        good = [
+            v
+            for v in pc.unique(values).to_pylist()
+            if v is not None
+            and split_phase(v)[0] in PHASES
+            and (":" not in v or split_phase(v)[1] is not None)
+        ]
+        self.fail(
+            "phase", pc.invert(pc.is_in(values, pa.array(good, pa.string()))), "is not a phase"
+        )
+
     def unique(self) -> None:
         keys = PRIMARY_KEYS.get(self.table.name)
         if not keys or self.data.num_rows == 0:
@@ -159,10 +175,10 @@ def check_table(where: str, table: sa.Table, data: pa.Table) -> None:
             "updated_at", pc.less(data["updated_at"], data["created_at"]), "is before created_at"
         )
     elif table is schema.layer_stats:
-        c.one_of("phase", PHASES)
+        c.phases()
         c.each("q_blocks", _json_int_list, "is not a JSON list of block indices")
     elif table is schema.block_scores:
-        c.one_of("phase", PHASES)
+        c.phases()
         c.fail("k_block", pc.greater(data["k_block"], data["q_block"]), "is after its query block")
     elif table is schema.tokens:
         c.one_of("variant", VARIANTS)
