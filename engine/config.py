@@ -153,7 +153,7 @@ class SketchWalkConfig:
         128, "kept coordinates r of the Hadamard sketch", label="Sketch dim r", lo=1, hi=1 << 16
     )
     estimator: str = knob(
-        "mean",
+        "query",
         "block estimate: 'mean' scores block-mean queries against block-mean keys (the "
         "paper); 'query' scores every sketched query against each key block's mean and "
         "variance, then averages per query block",
@@ -296,6 +296,9 @@ LEGACY: dict[str, Any] = {
 PRESETS: dict[str, dict[str, Any]] = {
     # This project's measured best at 20% density on the default model (docs/quality.md).
     "default": {},
+    # Speed first: 64-token blocks (the CPU kernel's calls stay long) and the block-mean
+    # estimator; per-group lists and one budget per layer as in the default.
+    "fast": {"block_size": 64, "estimator": "mean"},
     # The published configuration (the paper's README defaults), with our explicit density.
     "paper": {
         "block_size": 64,

@@ -324,9 +324,12 @@ def chunk_step(
         sk.k_count[:, j0:] += k_count
         if sk.k_sq is not None:
             sk.k_sq[:, :, j0:] += block_pool(ks * ks, b, new_valid, offset=t0 % b)[0]
-        # the token estimator sees the chunk's own queries of its first block (earlier ones of
-        # that block came with the previous chunk and are not kept)
-        a_rows = transition(sk, rows, d, cfg, QueryTokens.sampled(qs, new_valid, t0, cfg))
+        # the token estimator also needs the queries of the chunk's first block that came
+        # before it: the decode window holds them when it is at least a block long
+        pre = t0 % b if cfg.estimator == "query" and t0 % b <= st.window.shape[2] else 0
+        q_tok = torch.cat([st.window[:, :, st.window.shape[2] - pre :], qs], dim=2)
+        v_tok = torch.cat([key_valid[:, t0 - pre : t0], new_valid], dim=1)
+        a_rows = transition(sk, rows, d, cfg, QueryTokens.sampled(q_tok, v_tok, t0 - pre, cfg))
         st.a[:, :, rows] = a_rows
         st.window = torch.cat([st.window, qs], dim=2)[:, :, -cfg.query_window :]
         return a_rows, q_count > 0  # rows holding the chunk's real queries

@@ -12,6 +12,13 @@ def test_the_paper_preset_is_the_published_configuration():
     assert (c.per_group, c.budget, c.sink_blocks, c.window_blocks) == (False, "row", 0, 0)
     assert preset("paper", density=0.3).density == 0.3
     assert preset("default") == SketchWalkConfig()
+    fast = preset("fast")
+    assert (fast.block_size, fast.estimator, fast.per_group, fast.budget) == (
+        64,
+        "mean",
+        True,
+        "layer",
+    )
 
 
 def test_every_knob_is_declared_with_help_and_presets_name_only_knobs():
@@ -22,7 +29,7 @@ def test_every_knob_is_declared_with_help_and_presets_name_only_knobs():
         assert set(values) <= declared
     assert set(LEGACY) <= declared
     with pytest.raises(ConfigError, match="unknown preset"):
-        preset("fast")
+        preset("turbo")
 
 
 def test_stored_configs_of_older_versions_keep_their_behaviour():
