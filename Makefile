@@ -30,10 +30,11 @@ test: setup browser-deps
 	$(PY) -m pytest -q
 
 # The quick loop for everyday work: lint and the fast tests (no real model, no browser, no
-# PostgreSQL, no Triton interpreter subprocess). `make test` stays the full suite CI runs.
+# PostgreSQL, no Triton interpreter subprocess, no property-based or multi-process fault tests).
+# `make test` stays the full suite CI runs.
 check: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
-	SKETCHWALK_TEST_PG_URL= CI= $(PY) -m pytest -q -x -m "not slow and not browser and not interp"
+	SKETCHWALK_TEST_PG_URL= CI= $(PY) -m pytest -q -x -m "not slow and not browser and not interp and not heavy"
 
 # A PostgreSQL server on loopback for the server-database tests (Debian packages; needs root):
 #   eval "$$(.ci/postgres.sh)" && make test     (the tests read SKETCHWALK_TEST_PG_URL)

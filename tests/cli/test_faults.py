@@ -204,6 +204,7 @@ def _wait_until(cond, what: str, timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_marks_the_run_failed_on_duckdb(db, tiny_model_dir, tmp_path, sig):
     proc, log = _start_run(str(db), tiny_model_dir, tmp_path)

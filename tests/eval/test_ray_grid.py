@@ -16,6 +16,8 @@ from sketchwalk.eval.grid import GridSpec, run_grid
 from sketchwalk.eval.items import build_items, parse_tasks
 from sketchwalk.store import open_store
 
+pytestmark = pytest.mark.heavy  # Ray starts a local cluster: tens of seconds
+
 TIMINGS = ("dense_ms", "sparse_ms")  # wall-clock: the only columns allowed to differ
 GENERATOR = {"generator": {"seed": 0, "depths": [0.5]}}
 

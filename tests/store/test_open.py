@@ -110,6 +110,7 @@ LOCK_PROBE = textwrap.dedent(
 )
 
 
+@pytest.mark.heavy
 def test_second_process_gets_a_clear_lock_error(db_path):
     with open_store(str(db_path)):
         probe = subprocess.run(

@@ -116,6 +116,7 @@ FAIR_PROMPTS = TEXT.map(
 )
 
 
+@pytest.mark.heavy
 @settings(RELAXED, max_examples=CLI_EXAMPLES)
 @given(
     case=st.one_of(
@@ -257,6 +258,7 @@ def target(request, tmp_path_factory):
         yield store
 
 
+@pytest.mark.heavy
 @settings(RELAXED, max_examples=IMPORT_EXAMPLES)
 @given(data=st.data())
 def test_damaged_exports_are_refused_or_imported_whole(target, export_zip, data):

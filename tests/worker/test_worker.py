@@ -166,6 +166,7 @@ def test_throttle_limits_progress_writes():
     assert calls == [0.0]
 
 
+@pytest.mark.heavy
 def test_worker_cli_refuses_a_duckdb_file_held_by_another_process(tmp_path):
     db = tmp_path / "held.duckdb"
     holder = subprocess.Popen(
@@ -194,6 +195,7 @@ def test_worker_cli_refuses_a_duckdb_file_held_by_another_process(tmp_path):
     assert out.stderr.count("\n") == 1 and "open in another process" in out.stderr
 
 
+@pytest.mark.heavy
 def test_worker_cli_once_runs_queued_jobs(tmp_path, tiny_model):
     db = str(tmp_path / "cli.duckdb")
     with open_store(db) as s:
@@ -244,6 +246,7 @@ def test_a_job_for_an_unlisted_model_fails_and_stores_nothing(
     assert len(store.run_ids()) == 1
 
 
+@pytest.mark.heavy
 def test_a_standalone_worker_sizes_torch_threads(tmp_path):
     db = str(tmp_path / "t.duckdb")
     with open_store(db) as s:
