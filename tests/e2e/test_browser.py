@@ -7,6 +7,7 @@ text. Screenshots of every page land in artifacts/screenshots/.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -60,16 +61,16 @@ def tiny_model(tmp_path_factory) -> str:
     return str(make_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    db = tmp_path_factory.mktemp("e2e") / "runs.duckdb"
+@contextlib.contextmanager
+def serve_app(db, log_dir, **env: str):
+    """`sketchwalk app` on a store, as a subprocess; yields its URL once it answers health."""
     port = free_port()
-    log = open(tmp_path_factory.mktemp("log") / "app.log", "w+")  # noqa: SIM115
+    log = open(log_dir / "app.log", "w+")  # noqa: SIM115
     proc = subprocess.Popen(
         [*sketchwalk_cmd(), "app", "--db", str(db), "--port", str(port)],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=dict(os.environ, SKETCHWALK_POLL_S="0.5"),
+        env=dict(os.environ, **env),
     )
     url = f"http://localhost:{port}"
     deadline = time.monotonic() + 90
@@ -84,14 +85,23 @@ def server(tmp_path_factory):
             log.seek(0)
             pytest.fail(f"the app did not start:\n{log.read()}")
         time.sleep(0.5)
-    yield url
-    proc.terminate()
     try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    db = tmp_path_factory.mktemp("e2e") / "runs.duckdb"
+    with serve_app(db, tmp_path_factory.mktemp("log"), SKETCHWALK_POLL_S="0.5") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,8 @@ artifacts/screenshots/ (needle-tracker.png, mask-diff.png).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
-import urllib.request
-
 import pytest
-from test_browser import CHROME_ARGS, CHROMIUM, free_port, settle, shot, sketchwalk_cmd
+from test_browser import CHROME_ARGS, CHROMIUM, serve_app, settle, shot
 
 from sketchwalk.app import prompts
 
@@ -46,36 +41,10 @@ def passkey_store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(passkey_store, tmp_path_factory):
-    db = passkey_store[0]
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("log") / "app.log", "w+")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [*sketchwalk_cmd(), "app", "--db", str(db), "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=dict(os.environ, SKETCHWALK_APP_WORKER="0"),
-    )
-    url = f"http://localhost:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.read() == b"ok":
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            log.seek(0)
-            pytest.fail(f"the app did not start:\n{log.read()}")
-        time.sleep(0.5)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
+    with serve_app(
+        passkey_store[0], tmp_path_factory.mktemp("log"), SKETCHWALK_APP_WORKER="0"
+    ) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
