@@ -95,6 +95,15 @@ class SketchWalkConfig:
         hi=4096,
         power_of_two=True,
     )
+    query_block: int = knob(
+        0,
+        "query tokens that share one block list (a power-of-two multiple of the block size; "
+        "0 = the block size): keys stay in fine blocks while the kernel runs long query "
+        "tiles; needs the layer budget",
+        label="Query tile",
+        lo=0,
+        hi=1 << 16,
+    )
     per_group: bool = knob(
         True,
         "select blocks per KV-head group (False: one selection per layer)",
@@ -197,6 +206,18 @@ class SketchWalkConfig:
         """Check every knob against its declaration; one line per problem, the first raised."""
         for f, k in knobs():
             check_value(f.name, k, getattr(self, f.name), f.type)
+        qb, b = self.query_block, self.block_size
+        if qb and (qb < b or qb % b or qb & (qb - 1)):
+            raise ConfigError(
+                f"query block must be 0 or a power-of-two multiple of block size {b}, got {qb}"
+            )
+        if self.rows_per_list > 1 and self.budget != "layer":
+            raise ConfigError("a query block longer than the block size needs budget 'layer'")
+
+    @property
+    def rows_per_list(self) -> int:
+        """Query blocks that share one list (1 unless query_block > block_size)."""
+        return max(self.query_block // self.block_size, 1)
 
     @property
     def method_spec(self):
@@ -289,6 +310,7 @@ LEGACY: dict[str, Any] = {
     "sink_blocks": 0,
     "window_blocks": 0,
     "estimator": "mean",
+    "query_block": 0,
 }
 
 # ---- presets: data next to the declaration ----------------------------------------------------

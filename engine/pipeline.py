@@ -177,6 +177,7 @@ def choose_blocks(
         dense_rows,
         real_rows,
         cfg.budget,
+        cfg.rows_per_list,
     )
 
 

@@ -99,12 +99,15 @@ def select_blocks(
     dense_rows: torch.Tensor | None = None,
     real_rows: torch.Tensor | None = None,
     budget: str = "row",
+    row_group: int = 1,
 ) -> BlockSelection:
     """Top blocks of scores [B, G, nq, nk] (higher = keep) to the density budget.
 
     dense_rows [nq] bool: rows that keep every candidate (the dense tail). real_rows [B, nq] bool:
     rows that hold real queries, the only ones counted in the density. budget: "layer" or "row"
-    (module docstring); with a single row both are the same.
+    (module docstring); with a single row both are the same. row_group: consecutive query blocks
+    (aligned to multiples of it) that share one list (query tiles of row_group blocks, see
+    group_budget_keep); needs the layer budget.
     """
     bsz, groups, nq, nk = scores.shape
     start_block = seq_start // rule.block_size
@@ -112,11 +115,20 @@ def select_blocks(
     forced = cand & forced_mask(q_blocks, nk, rule, seq_start, seq_end)
     if dense_rows is not None:
         forced = forced | (cand & dense_rows[None, :, None])
+    gid = None
+    if row_group > 1 and nq > 1:
+        gid = q_blocks // row_group
+        gid = gid - gid[0]
+        forced = cand & _spread(forced, gid)  # a tile keeps what any of its rows must keep
     rows = torch.ones(bsz, nq, dtype=torch.bool, device=scores.device)
     if real_rows is not None:
         rows = real_rows
     cand = cand & rows[:, :, None]  # rows without real queries keep only what is forced
-    if budget == "layer" and nq > 1:
+    if gid is not None:
+        if budget != "layer":
+            raise ValueError("query tiles of several blocks need the layer budget")
+        keep = group_budget_keep(scores, cand, forced, gid, density)
+    elif budget == "layer" and nq > 1:
         keep = layer_budget_keep(scores, cand, forced, density)
     else:
         keep = row_budget_keep(scores, cand, forced, rows, density)
@@ -161,6 +173,52 @@ def layer_budget_keep(
         live = torch.arange(kmax, device=scores.device)[None, None, :] < room[:, None, None]
         keep.scatter_(-1, top, live.expand(bsz, groups, kmax))
     return keep.view(bsz, groups, nq, nk) & free[:, None]
+
+
+def _members(gid: torch.Tensor) -> torch.Tensor:
+    """[ng, nq] float: 1 where row i belongs to tile g."""
+    return torch.nn.functional.one_hot(gid.long(), int(gid[-1]) + 1).T.float()
+
+
+def _spread(mask: torch.Tensor, gid: torch.Tensor) -> torch.Tensor:
+    """[B, nq, nk] -> the same shape, each row holding the union over its tile's rows."""
+    member = _members(gid).to(mask.device)
+    any_ = torch.einsum("gq,bqk->bgk", member, mask.float()) > 0
+    return any_[:, gid]
+
+
+def group_budget_keep(
+    scores: torch.Tensor,
+    cand: torch.Tensor,
+    forced: torch.Tensor,
+    gid: torch.Tensor,
+    density: float,
+) -> torch.Tensor:
+    """[B, G, nq, nk] kept when the rows of a tile (gid [nq]: tile of each row) share one list.
+
+    A tile's block costs one pair per row that can see it and does not already keep it; its value
+    per pair is the rows' mean score. Blocks are taken best value first, anywhere in the layer,
+    while the running cost stays within density x candidate pairs (never over), then every row of
+    the tile keeps them where causal. With one row per tile this is layer_budget_keep.
+    """
+    bsz, groups, nq, nk = scores.shape
+    member = _members(gid).to(scores.device)  # [ng, nq]
+    ng = member.shape[0]
+    free = cand & ~forced  # [B, nq, nk]
+    cost = torch.einsum("gq,bqk->bgk", member, free.float())  # [B, ng, nk]
+    seen = torch.einsum("gq,bqk->bgk", member, cand.float()).clamp(min=1)
+    sc = torch.where(cand[:, None], scores.float(), 0.0)
+    value = torch.einsum("gq,bhqk->bhgk", member, sc) / seen[:, None]  # [B, G, ng, nk]
+    target = torch.floor(density * cand.sum((1, 2)).double() + 1e-9).long()  # [B]
+    room = (target - forced.sum((1, 2))).clamp(min=0)
+    inf = torch.tensor(float("-inf"), device=scores.device)
+    value = torch.where(cost[:, None] > 0, value, inf).reshape(bsz, groups, ng * nk)
+    order = value.argsort(dim=-1, descending=True, stable=True)
+    paid = cost.reshape(bsz, 1, ng * nk).expand(bsz, groups, -1).gather(-1, order).cumsum(-1)
+    live = (paid <= room[:, None, None].double()) & (value.gather(-1, order) > inf)
+    keep = torch.zeros(bsz, groups, ng * nk, dtype=torch.bool, device=scores.device)
+    keep.scatter_(-1, order, live)
+    return keep.view(bsz, groups, ng, nk)[:, :, gid] & free[:, None]
 
 
 def row_budget_keep(

@@ -12,7 +12,13 @@ from typing import Protocol
 
 import torch
 
-from .reference import block_sparse_attention_reference, dense_block_index, selected_block_mask
+from .reference import (
+    block_sparse_attention_reference,
+    dense_block_index,
+    rows_of_tiles,
+    selected_block_mask,
+    tiles_of_rows,
+)
 
 BACKENDS = ("auto", "reference", "cpu", "triton")
 
@@ -32,6 +38,8 @@ class BlockSparseAttention(Protocol):
         causal: bool = True,
         scale: float | None = None,
         seq_start: torch.Tensor | None = None,
+        *,
+        query_block: int | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -72,10 +80,13 @@ def block_sparse_attention(
     scale: float | None = None,
     seq_start: torch.Tensor | None = None,
     backend: str | None = None,
+    query_block: int | None = None,
 ) -> torch.Tensor:
-    """Attention of q over the key blocks each query block lists; returns [B, H, Lq, D] in q's dtype."""
+    """Attention of q over the key blocks each query block (or tile of query_block rows) lists;
+    returns [B, H, Lq, D] in q's dtype."""
     fn = backend_fn(choose_backend(q.device, backend))
-    return fn(q, k, v, block_index, block_count, block_size, causal, scale, seq_start)
+    args = (q, k, v, block_index, block_count, block_size, causal, scale, seq_start)
+    return fn(*args, query_block=query_block)
 
 
 __all__ = [
@@ -86,5 +97,7 @@ __all__ = [
     "block_sparse_attention_reference",
     "choose_backend",
     "dense_block_index",
+    "rows_of_tiles",
     "selected_block_mask",
+    "tiles_of_rows",
 ]

@@ -97,8 +97,11 @@ def _plan(
     lk: int,
     causal: bool,
     seq_start: torch.Tensor | None,
+    tile: int,
 ) -> _Plan:
-    """Drop invisible, out-of-range and duplicate blocks; split the rest into interior and edge."""
+    """Drop invisible, out-of-range and duplicate blocks; split the rest into interior and edge.
+
+    Row i is the query tile [i * tile, (i + 1) * tile) (tile: a multiple of the key block b)."""
     bsz, g, nq, kmax = block_index.shape
     nk = -(-lk // b)
     off = lk - lq
@@ -110,8 +113,8 @@ def _plan(
     live[..., 1:] &= idx[..., 1:] != idx[..., :-1]  # duplicates count once, as in the reference
 
     rows = torch.arange(nq)
-    first_pos = (off + rows * b).view(1, 1, nq, 1)  # position of the first query of each block
-    last_pos = (off + torch.clamp(rows * b + b, max=lq) - 1).view(1, 1, nq, 1)
+    first_pos = (off + rows * tile).view(1, 1, nq, 1)  # position of each tile's first query
+    last_pos = (off + torch.clamp(rows * tile + tile, max=lq) - 1).view(1, 1, nq, 1)
     start = idx * b
     end = torch.clamp(start + b, max=lk)  # one past the block's last real key
     ss = (
@@ -135,9 +138,12 @@ def _plan(
     int_ids = int_ids[..., :kcap]
     plain = torch.zeros(bsz, g, nq, dtype=torch.bool)
     if causal and off % b == 0 and lq >= b:  # square diagonal tiles: is_causal is exact there
-        diag = (off // b + rows).view(1, 1, nq)
+        diag = (first_pos // b).view(1, 1, nq)  # the tile's diagonal key blocks, all listed
+        n_diag = (last_pos // b).view(1, 1, nq) - diag + 1
         first = edge_ids[..., 0]
-        plain = (edge_count == 1) & (first == diag) & (first * b >= ss[..., 0])
+        last = edge_ids.gather(-1, (n_diag - 1).clamp(max=emax - 1).expand_as(first)[..., None])
+        plain = (edge_count == n_diag) & (first == diag) & (last[..., 0] == diag + n_diag - 1)
+        plain &= first * b >= ss[..., 0]
     r = bsz * g * nq
     return _Plan(
         int_ids.reshape(r, -1),
@@ -306,11 +312,19 @@ def block_sparse_attention_cpu(
     causal: bool = True,
     scale: float | None = None,
     seq_start: torch.Tensor | None = None,
+    *,
+    query_block: int | None = None,
 ) -> torch.Tensor:
-    """Same contract as kernels.reference.block_sparse_attention_reference; returns q's dtype."""
+    """Same contract as kernels.reference.block_sparse_attention_reference; returns q's dtype.
+
+    query_block: query rows per list (a multiple of block_size; default block_size). Long tiles
+    over fine key blocks keep every flash-kernel call long (see docs/speed.md)."""
     bsz, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     b = block_size
+    qt = b if query_block is None else int(query_block)
+    if qt % b:
+        raise ValueError(f"query block {qt} must be a multiple of the block size {b}")
     scale = d**-0.5 if scale is None else float(scale)
     g = block_index.shape[1]
     if h % g or h % hkv:
@@ -322,11 +336,12 @@ def block_sparse_attention_cpu(
         block_count = block_count.repeat_interleave(h // g, dim=1)
         g = h
     hq, hk = h // g, max(hkv // g, 1)
-    nq = -(-lq // b)
-    tq = b if nq > 1 else lq  # query tile rows: no padding waste in decode (Lq = 1)
+    nq = -(-lq // qt)
+    tq = qt if nq > 1 else lq  # query tile rows: no padding waste in decode (Lq = 1)
     off = lk - lq
+    r_tile = qt // b  # key blocks per query tile
 
-    plan = _plan(block_index.cpu(), block_count.cpu(), b, lq, lk, causal, seq_start)
+    plan = _plan(block_index.cpu(), block_count.cpu(), b, lq, lk, causal, seq_start, qt)
     runs = _runs(plan.interior, plan.interior_count, g, nq)
     dt = q.dtype
     q = q.contiguous()
@@ -354,13 +369,14 @@ def block_sparse_attention_cpu(
         return x.as_strided((n, hk, length, d), (row_stride * d, lk * d, d, 1), tok * d)
 
     # Windows: consecutive rows with the same run length and the same offset to their row slide
-    # along the keys one block per row: one strided view (row stride = one block). When the run
+    # along the keys one tile per row: one strided view (row stride = one tile). When the run
     # ends at an aligned diagonal, the diagonal joins the view under one broadcast triangle mask.
     has = runs.suffix > 0
     start_blk = runs.suffix_end - runs.suffix
-    fused = has & plan.plain & (runs.suffix_end == off // b + r_i)
-    fused &= (runs.suffix_end + 1) * b <= lk  # the view may not run past the keys
-    wkey = torch.stack([r_b * g + r_g, runs.suffix, start_blk - r_i, fused.long()], 1)[has]
+    fused = has & plan.plain & (runs.suffix_end * b == off + r_i * qt)
+    fused &= (runs.suffix_end + r_tile) * b <= lk  # the view may not run past the keys
+    wkey = torch.stack([r_b * g + r_g, runs.suffix, start_blk - r_i * r_tile, fused.long()], 1)
+    wkey = wkey[has]
     rows_has = torch.nonzero(has).squeeze(1)
     if rows_has.numel():
         _, inv = torch.unique(wkey, dim=0, return_inverse=True)
@@ -370,10 +386,10 @@ def block_sparse_attention_cpu(
                 tok = int(kv_tok[rows[0]]) + int(start_blk[rows[0]]) * b
                 mask = None
                 if bool(fused[rows[0]]):
-                    blocks += 1
+                    blocks += r_tile
                     mask = _triangle(tq, blocks * b, dt)
-                kg = view(k, n, b, tok, blocks * b)
-                attend_rows(rows, kg, view(v, n, b, tok, blocks * b), mask=mask)
+                kg = view(k, n, qt, tok, blocks * b)
+                attend_rows(rows, kg, view(v, n, qt, tok, blocks * b), mask=mask)
 
     # Edge: blocks that need a mask and were not fused above, all rows in one call.
     kv_head = kv_tok.unsqueeze(1) + torch.arange(hk) * lk  # [R, hk]
@@ -390,7 +406,7 @@ def block_sparse_attention_cpu(
         if bool(plan.plain[rows].all()):
             attend_rows(rows, kg, vg, causal=True)
         else:
-            qpos = off + r_i[rows].unsqueeze(1) * b + torch.arange(tq)  # [n, tq]
+            qpos = off + r_i[rows].unsqueeze(1) * qt + torch.arange(tq)  # [n, tq]
             see = kpos.unsqueeze(1) < lk
             if causal:
                 see = see & (kpos.unsqueeze(1) <= qpos.unsqueeze(2))

@@ -158,8 +158,18 @@ def block_sparse_attention_triton(
     seq_start: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
+    query_block: int | None = None,
 ) -> torch.Tensor:
-    """Same contract as the reference; decode kernel for Lq == 1 (causal), prefill otherwise."""
+    """Same contract as the reference; decode kernel for Lq == 1 (causal), prefill otherwise.
+
+    Query tiles (query_block) run as one list per query block (exact; the tile's list repeated)."""
+    if query_block and query_block != block_size and q.shape[2] > 1:
+        from .reference import rows_of_tiles
+
+        n_rows = -(-q.shape[2] // block_size)
+        block_index, block_count = rows_of_tiles(
+            block_index, block_count, query_block // block_size, n_rows
+        )
     dtype = q.dtype
     upcast = q.device.type != "cuda" and dtype == torch.bfloat16
     if upcast:  # the interpreter reads bf16 wrongly: run fp32, cast back

@@ -61,6 +61,10 @@ def test_stored_configs_of_older_versions_keep_their_behaviour():
         ({"sink_blocks": -1}, "sink blocks"),
         ({"per_group": "yes"}, "per group"),
         ({"block_size": 2.0}, "block size"),
+        ({"query_block": 8}, "query block"),
+        ({"query_block": 48}, "query block"),
+        ({"query_block": 96, "block_size": 32}, "query block"),
+        ({"query_block": 64, "budget": "row"}, "budget"),
     ],
 )
 def test_bad_knobs_give_one_line_errors(kw, words):
@@ -77,3 +81,9 @@ def test_round_trip_dict_and_nowalk_switch():
     assert SketchWalkConfig.from_dict(SketchWalkConfig(per_group=False).to_dict()).groups(3) == 1
     with pytest.raises(ConfigError):
         SketchWalkConfig.from_dict({"densty": 0.1})
+
+
+def test_query_block_counts_rows_per_list():
+    assert SketchWalkConfig().rows_per_list == 1
+    assert SketchWalkConfig(block_size=16, query_block=64).rows_per_list == 4
+    assert SketchWalkConfig(block_size=64, query_block=64).rows_per_list == 1

@@ -168,3 +168,23 @@ def test_phase_prefill_only_keeps_decode_dense():
         model.generate(ids, max_new_tokens=4, do_sample=False)
     assert s.density("prefill") < 1.0 and s.density("decode", sparse_only=False) == 1.0
     assert all(r.dense for r in rec.layers if r.phase == "decode")
+
+
+def test_query_tiles_run_in_a_model_on_every_backend():
+    """Lists shared by 4-block query tiles: the CPU kernel's long tiles give the reference's
+    result, the density target still holds, and the masks differ from per-block lists."""
+    model = tiny_llama(heads=6, kv_heads=2)
+    ids = torch.randint(1, 128, (1, 700))
+    base = dict(density=0.3, block_size=16, dense_layers=(0,))
+    tiled = SketchWalkConfig(**base, query_block=64)
+    model.set_attn_implementation("sketch_walk")
+    outs = {}
+    with torch.no_grad():
+        for backend in ("cpu", "reference"):
+            with sketch_walk_session(tiled, kernel_backend=backend) as s:
+                outs[backend] = model(ids).logits
+                assert abs(s.density("prefill") - 0.3) < 0.02
+        with sketch_walk_session(SketchWalkConfig(**base)):
+            per_block = model(ids).logits
+    assert torch.allclose(outs["cpu"], outs["reference"], atol=2e-5, rtol=1e-4)
+    assert not torch.allclose(outs["cpu"], per_block, atol=1e-3)

@@ -188,3 +188,62 @@ def test_default_knobs_meet_the_density_target_in_a_model(tokens):
         with torch.no_grad(), sketch_walk_session(SketchWalkConfig(density=density)) as s:
             model(ids)
         assert abs(s.density("prefill") - density) <= 0.02
+
+
+def tile_budget_reference(scores, forced, density, r):
+    """Brute force for query tiles of r rows: a tile keeps what any of its rows must keep; then
+    (tile, block) pairs in descending mean score over the rows that see the block, each costing
+    the rows that see it and do not yet keep it, while the total stays within the target."""
+    n = scores.shape[-1]
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    tiles = [range(t, min(t + r, n)) for t in range(0, n, r)]
+    keep = torch.zeros(n, n, dtype=torch.bool)
+    for rows in tiles:
+        union = forced[list(rows)].any(0)
+        for i in rows:
+            keep[i] = union & causal[i]
+    target = math.floor(density * int(causal.sum()) + 1e-9)
+    kept = int(keep.sum())
+    options = []
+    for ti, rows in enumerate(tiles):
+        for j in range(n):
+            seen = [i for i in rows if causal[i, j]]
+            cost = sum(1 for i in seen if not keep[i, j])
+            if cost:
+                value = sum(float(scores[i, j]) for i in seen) / len(seen)
+                options.append((-value, ti, j, cost))
+    for _, ti, j, cost in sorted(options):
+        if kept + cost > target:
+            break
+        kept += cost
+        for i in tiles[ti]:
+            keep[i, j] |= bool(causal[i, j])
+    return keep
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("density", [0.1, 0.25, 0.6])
+@pytest.mark.parametrize("n,r", [(12, 4), (33, 2), (30, 4)])
+def test_query_tiles_equal_a_brute_force_reference(seed, density, n, r):
+    b = 16
+    scores, sel, mask = run_select(
+        n=n, b=b, density=density, sink=0.0, window=0.0, sink_blocks=1, window_blocks=1,
+        groups=2, seed=seed, budget="layer", row_group=r,
+    )  # fmt: skip
+    forced = forced_reference(n, b, n * b, 0.0, 1, 0.0, 1)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    for g in range(2):
+        want = tile_budget_reference(scores[0, g], forced, density, r)
+        assert torch.equal(mask[0, g], want)
+        assert mask[0, g][forced].all()  # no forced block is ever dropped
+        for t in range(0, n, r):  # the rows of a tile share one list, trimmed by causality
+            union = mask[0, g, t : t + r].any(0)
+            assert torch.equal(mask[0, g, t : t + r], union & causal[t : t + r])
+    target = math.floor(density * n * (n + 1) // 2 + 1e-9)
+    forced_pairs = int(tile_budget_reference(scores[0, 0], forced, 1e-9, r).sum())
+    assert sel.kept <= 2 * max(target, forced_pairs)  # never over the budget
+
+
+def test_query_tiles_need_the_layer_budget():
+    with pytest.raises(ValueError, match="layer budget"):
+        run_select(n=8, budget="row", row_group=2)

@@ -9,7 +9,12 @@ import torch
 import torch.nn.functional as F
 
 from sketchwalk.kernels.cpu import block_sparse_attention_cpu
-from sketchwalk.kernels.reference import block_sparse_attention_reference, dense_block_index
+from sketchwalk.kernels.reference import (
+    block_sparse_attention_reference,
+    dense_block_index,
+    rows_of_tiles,
+    tiles_of_rows,
+)
 from sketchwalk.kernels.testing import (
     patterned_block_index,
     random_block_index,
@@ -158,3 +163,52 @@ def test_decode_short_cache_masked_path(groups):
     ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16, True, None, starts)
     assert rel_err(out, ref) < 1e-5
     assert torch.count_nonzero(out[1, 9 - 9 // groups :]) == 0
+
+
+# (batch, heads, kv_heads, lq, lk, head_dim, block, groups, blocks per query tile)
+TILE_SHAPES = [
+    (1, 9, 3, 300, 300, 64, 16, 1, 4),  # SmolLM2 heads, partial last tile
+    (2, 8, 2, 200, 250, 32, 16, 2, 2),  # queries after a cache, offset not block aligned
+    (1, 4, 4, 130, 130, 32, 16, 4, 8),  # one tile longer than half the sequence
+    (2, 12, 3, 97, 160, 16, 16, 3, 4),
+    (1, 6, 3, 5, 90, 32, 16, 3, 2),  # fewer queries than one block
+    (1, 9, 3, 512, 512, 64, 16, 3, 4),  # whole tiles
+]
+
+
+@pytest.mark.parametrize("shape", TILE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("pattern", ["random", "no_diagonal", "sink_window", "staircase"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_query_tiles_match_reference(shape, pattern, causal):
+    """One list per tile of r query blocks over fine key blocks, against the oracle, which in
+    turn equals the per-block lists with each tile's list repeated."""
+    bsz, h, hkv, lq, lk, d, b, g, r = shape
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((shape, pattern, causal)).encode()))
+    q, k, v = random_qkv(bsz, h, hkv, lq, lk, d, torch.float32, gen)
+    if pattern in ("random", "no_diagonal"):
+        idx, cnt = random_block_index(bsz, g, lq, lk, b, 0.4, gen, pattern == "random")
+    elif pattern == "staircase":
+        idx, cnt = staircase_block_index(bsz, g, lq, lk, b, gen)
+    else:
+        idx, cnt = patterned_block_index(bsz, g, lq, lk, b, gen)
+    t_idx, t_cnt = tiles_of_rows(idx, cnt, r, -(-lk // b))
+    out = block_sparse_attention_cpu(q, k, v, t_idx, t_cnt, b, causal, query_block=r * b)
+    ref = block_sparse_attention_reference(q, k, v, t_idx, t_cnt, b, causal, query_block=r * b)
+    assert rel_err(out, ref) < 1e-5
+    r_idx, r_cnt = rows_of_tiles(t_idx, t_cnt, r, -(-lq // b))
+    per_row = block_sparse_attention_reference(q, k, v, r_idx, r_cnt, b, causal)
+    assert rel_err(ref, per_row) < 1e-6
+
+
+def test_query_tiles_hide_left_padding():
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = random_qkv(2, 9, 3, 200, 200, 32, torch.float32, gen)
+    idx, cnt = patterned_block_index(2, 3, 200, 200, 16, gen)
+    t_idx, t_cnt = tiles_of_rows(idx, cnt, 4, 13)
+    starts = torch.tensor([5, 70])
+    args = (q, k, v, t_idx, t_cnt, 16, True, None, starts)
+    out = block_sparse_attention_cpu(*args, query_block=64)
+    ref = block_sparse_attention_reference(*args, query_block=64)
+    assert rel_err(out, ref) < 1e-5
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        block_sparse_attention_cpu(q, k, v, t_idx, t_cnt, 16, query_block=24)
