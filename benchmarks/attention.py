@@ -133,9 +133,10 @@ def bench_prefill(
     progress: Callable[[], None] | None = None,
     flex: bool = False,
     block_size: int | None = None,
+    query_block: int | None = None,
 ) -> list[dict]:
     from sketchwalk.engine.config import SketchWalkConfig
-    from sketchwalk.engine.pipeline import prefill_selection
+    from sketchwalk.engine.pipeline import prefill_selection, sparse_attention
 
     gen = torch.Generator(device="cpu").manual_seed(seq_len)
     shp = (1, shape.heads, seq_len, shape.head_dim)
@@ -157,14 +158,14 @@ def bench_prefill(
         cfg = SketchWalkConfig(density=density)
         if block_size is not None:
             cfg = cfg.with_(block_size=block_size)
+        if query_block is not None:
+            cfg = cfg.with_(query_block=query_block)
         state: dict = {}
 
         def sparse(cfg=cfg, state=state) -> tuple[float, float]:
             sel, o_ms = _timed(lambda: prefill_selection(q, k, cfg, 5), device)
             state["sel"] = sel
-            call = lambda: block_sparse_attention(  # noqa: E731
-                q, k, v, sel.block_index, sel.block_count, cfg.block_size, backend=backend
-            )
+            call = lambda: sparse_attention(cfg, sel, q, k, v, backend=backend)  # noqa: E731
             return o_ms, _timed(call, device)[1]
 
         def dense() -> object:
@@ -182,6 +183,7 @@ def bench_prefill(
             "backend": which,
             "seq_len": seq_len,
             "block_size": cfg.block_size,
+            "query_block": cfg.query_block or cfg.block_size,
             "density": density,
             "achieved_density": round(state["sel"].density, 4),
         }
@@ -300,6 +302,7 @@ def run_attention_bench(
     progress: Callable[[], None] | None = None,
     flex: bool = False,
     block_size: int | None = None,
+    query_block: int | None = None,
 ) -> list[dict]:
     """Rows of dense vs sparse timings, one per (phase, shape, seq_len, density)."""
     dev = torch.device(device)
@@ -311,8 +314,9 @@ def run_attention_bench(
         for seq_len in seq_lens:
             if "prefill" in phases:
                 rows += bench_prefill(
-                    shape, seq_len, densities, dt, dev, repeats, backend, progress, flex, block_size
-                )
+                    shape, seq_len, densities, dt, dev, repeats, backend, progress, flex,
+                    block_size, query_block,
+                )  # fmt: skip
             if "decode" in phases:
                 rows += bench_decode(
                     shape, seq_len, densities, dt, dev, repeats, backend, progress, block_size

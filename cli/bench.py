@@ -10,6 +10,8 @@ import sys
 
 from sketchwalk.errors import SketchWalkError
 
+from .knobs import add_config_args, config_from_args
+
 DEFAULT_TEXT = "/usr/share/common-licenses/GPL-3"
 
 
@@ -45,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="prefill: also time PyTorch FlexAttention on the same lists (compiles, 10-20 s)",
     )
     p.add_argument("--block-size", type=int, default=None, metavar="B", help="default: config's")
+    p.add_argument(
+        "--query-block", type=int, default=None, metavar="M", help="query tile (default: config's)"
+    )
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.set_defaults(func=run_attention)
 
@@ -79,6 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--backend", default=None, choices=["cpu", "triton", "reference"], help="kernel backend"
     )
     m.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    add_config_args(m, exclude=("density", "block_size", "decode_reselect"))
     m.set_defaults(func=run_model)
 
 
@@ -133,6 +139,7 @@ def run_attention(args: argparse.Namespace) -> int:
             progress=lambda: bar.update(1),
             flex=args.flex,
             block_size=args.block_size,
+            query_block=args.query_block,
         )
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0
@@ -166,13 +173,12 @@ def run_model(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from sketchwalk.benchmarks.model import format_table, run_model_bench
-    from sketchwalk.engine.config import SketchWalkConfig
     from sketchwalk.engine.models import load_model
 
     changes = {"density": args.density}
     if args.block_size is not None:
         changes["block_size"] = args.block_size
-    cfg = SketchWalkConfig().with_(**changes)  # ConfigError is one line
+    cfg = config_from_args(args, **changes)  # ConfigError is one line
     lm = load_model(args.model, args.dtype, args.device)
     for n in args.seq_len:
         if n + args.new_tokens > lm.max_context:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sketchwalk.kernels import block_sparse_attention, tiles_of_rows
+
 from .blockstats import exact_block_mass
 from .config import SketchWalkConfig
 from .methods import ScoreInputs
@@ -178,6 +180,29 @@ def choose_blocks(
         real_rows,
         cfg.budget,
         cfg.rows_per_list,
+    )
+
+
+def sparse_attention(
+    cfg: SketchWalkConfig,
+    sel: BlockSelection,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    seq_start: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """The block-sparse kernel on a selection. A full prefill (queries == keys) with query tiles
+    passes one list per tile, the union of its rows' lists: the same attention (causality trims
+    each row), in longer kernel calls."""
+    b, tile = cfg.block_size, cfg.rows_per_list
+    index, count, query_block = sel.block_index, sel.block_count, None
+    if tile > 1 and q.shape[2] == k.shape[2]:
+        index, count = tiles_of_rows(index, count, tile, -(-k.shape[2] // b))
+        query_block = tile * b
+    return block_sparse_attention(
+        q, k, v, index, count, b, True, scale, seq_start, backend=backend, query_block=query_block
     )
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sketchwalk.kernels import block_sparse_attention, choose_backend, decode_cache, tiles_of_rows
+from sketchwalk.kernels import choose_backend, decode_cache
 
 from .blockstats import exact_block_mass
 from .config import SketchWalkConfig
@@ -29,6 +29,7 @@ from .pipeline import (
     decode_step,
     prefill_plan,
     reusable,
+    sparse_attention,
     start_decode,
 )
 from .recorder import Recorder
@@ -216,7 +217,7 @@ class Session:
         if phase == "decode" and self.decode_reselect != 1:
             out = self._decode_gathered(layer, sel, q, k, v, scale, seq_start)
         if out is None:
-            out = self._kernel(sel, q, k, v, scale, seq_start)
+            out = sparse_attention(self.cfg, sel, q, k, v, scale, seq_start, self.kernel_backend)
         timings = dict(plan.timings, attention=_now(q) - t0)
         self._time("attention", timings["attention"])
         self._count(phase, sel.kept, sel.candidates, sparse=True)
@@ -239,19 +240,6 @@ class Session:
                 timings,
             )
         return out
-
-    def _kernel(self, sel, q, k, v, scale, seq_start) -> torch.Tensor:
-        """The block-sparse kernel on the selection; a full prefill with query tiles passes one
-        list per tile (the union of its rows' lists: the same attention, longer kernel calls)."""
-        b, tile = self.cfg.block_size, self.cfg.rows_per_list
-        index, count, query_block = sel.block_index, sel.block_count, None
-        if tile > 1 and q.shape[2] == k.shape[2]:
-            index, count = tiles_of_rows(index, count, tile, -(-k.shape[2] // b))
-            query_block = tile * b
-        return block_sparse_attention(
-            q, k, v, index, count, b, True, scale, seq_start,
-            backend=self.kernel_backend, query_block=query_block,
-        )  # fmt: skip
 
     def _decode_gathered(self, layer, sel, q, k, v, scale, seq_start) -> torch.Tensor | None:
         """Decode with a selection kept across steps: its K/V gathered once (kernels/decode_cache);

@@ -177,15 +177,18 @@ def token_block_logits(
 ) -> torch.Tensor:
     """Log-sum-exp estimates [B, Hkv, G, L, n] of each sketched query qs [B, H, L, r] over the
     keys of each block (mean + half the variance + log of the block's real key count), as one
-    matmul of [q, q^2, 1] against [c mean, c^2/2 var, log count]."""
+    matmul of [q, q^2, 1] against [c mean, c^2/2 var, log count] per KV head (the query heads
+    of a KV head are rows of one matrix, so the keys are never repeated)."""
     c = dim**-0.5 / tau
     bsz, hkv, n = km.shape[0], km.shape[1], km.shape[2]
     log_count = k_count.clamp(min=1.0).log().view(bsz, 1, n, 1).expand(bsz, hkv, n, 1)
     keys = [km * c, *([kvar * (0.5 * c * c)] if kvar is not None else []), log_count]
-    qg = group_queries(qs, hkv)
+    qg = group_queries(qs, hkv)  # [B, Hkv, G, L, r]
     ones = torch.ones(*qg.shape[:-1], 1, device=qs.device, dtype=qg.dtype)
-    queries = [qg, *([qg * qg] if kvar is not None else []), ones]
-    return torch.cat(queries, -1) @ torch.cat(keys, -1).unsqueeze(2).transpose(-1, -2)
+    queries = torch.cat([qg, *([qg * qg] if kvar is not None else []), ones], -1)
+    gh, length = qg.shape[2], qg.shape[3]
+    out = queries.view(bsz, hkv, gh * length, -1) @ torch.cat(keys, -1).transpose(-1, -2)
+    return out.view(bsz, hkv, gh, length, n)
 
 
 def sample_positions(length: int, block_size: int, samples: int, offset: int = 0) -> torch.Tensor:
@@ -210,7 +213,7 @@ def token_block_mass(
     block_size: int,
     dim: int,
     tau: float,
-    chunk_elems: int = 1 << 23,
+    chunk_elems: int = 1 << 20,
 ) -> torch.Tensor:
     """Estimated block mass [B, Hkv, G, R, n] for the query blocks from pos[0] // b to
     pos[-1] // b, from sketched queries qs [B, H, L, r] at ascending positions pos [L]
@@ -228,6 +231,7 @@ def token_block_mass(
     rows = int(blk_all[-1]) - j0 + 1
     out = torch.zeros(bsz, km.shape[1], h // km.shape[1], rows, n, device=qs.device)
     has = k_count > 0
+    cols = torch.arange(n, device=qs.device)
     step = max(1, chunk_elems // max(h * n * bsz, 1))
     for s in range(0, length, step):  # sums per block, so chunks need not align to blocks
         e = min(length, s + step)
@@ -242,7 +246,11 @@ def token_block_mass(
         fix = seen.clamp(min=1.0).log() - k_count[:, blk].clamp(min=1.0).log()
         idx = blk.view(1, 1, 1, -1, 1).expand(*logits.shape[:4], 1)
         logits.scatter_add_(-1, idx, fix.view(bsz, 1, 1, -1, 1).expand_as(idx))
-        probs = causal_block_softmax(logits, has[:, :nk], blk) * q_valid[:, None, None, s:e, None]
+        hidden = (cols[None, :nk] > blk[:, None])[None] | ~has[:, None, :nk]  # [B, c, nk]
+        logits.masked_fill_(hidden[:, None, None], float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        # rows that see no block (padding queries) are NaN: they, and every padding query, add 0
+        probs.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)
         out[..., :nk].index_add_(3, blk - j0, probs)
     q_count = torch.zeros(bsz, rows, device=qs.device)
     q_count.index_add_(1, blk_all - j0, q_valid.float())
