@@ -1,8 +1,8 @@
 """Does reusing decode selections across steps cost quality? Measured, not assumed.
 
 For each prompt one sparse prefill is made; its cache and session are copied for each re-select
-rule (Session.decode_reselect: 1 = every token, 0 = when a key block starts, k = every k tokens),
-so the rules differ only in decode. Two measures:
+rule (the config's decode_reselect: 1 = every token, 0 = when a key block starts, k = every k
+tokens), so the rules differ only in decode. Two measures:
 - teacher-forced: every rule is fed the dense model's greedy continuation; per step KL(dense ||
   sparse) of the next-token distribution and agreement of the top-1 token with dense;
 - retrieval (eval/retrieval.py passkey and kv prompts): free greedy answers, exact match.
@@ -70,7 +70,7 @@ def compare(model, ids, cfg, rules, n_new) -> dict:
     row = {}
     for rule in rules:
         s, c = copy.deepcopy(session), copy.deepcopy(cache)
-        s.decode_reselect = rule
+        s.cfg = s.cfg.with_(decode_reselect=rule)
         _, logits = _steps(model, s, c, first, d_toks, n_new)
         p = d_logits.log_softmax(-1)
         kl = (p.exp() * (p - logits.log_softmax(-1))).sum(-1)[1:]  # decode steps only
@@ -89,7 +89,7 @@ def answers(model, tok, item, cfg, rules, n_new=8) -> dict:
     out = {"dense": is_correct(tok.decode(d_toks), item.answer)}
     for rule in rules:
         s, c = copy.deepcopy(session), copy.deepcopy(cache)
-        s.decode_reselect = rule
+        s.cfg = s.cfg.with_(decode_reselect=rule)
         toks, _ = _steps(model, s, c, first, None, n_new)
         out[rule] = is_correct(tok.decode(toks), item.answer)
     return out

@@ -52,7 +52,6 @@ def run_model_bench(
     all_logits: bool = False,
     backend: str | None = None,
     progress: Callable[[], None] | None = None,
-    reselect: int = 1,
 ) -> list[dict]:
     """One row per prompt length: medians of dense and sparse prefill and decode, and ratios."""
     device = next(model.parameters()).device
@@ -67,9 +66,7 @@ def run_model_bench(
                 if which == "dense":
                     dense.append(run_variant(model, ids, new_tokens, None, all_logits))
                 else:
-                    sparse.append(
-                        run_variant(model, ids, new_tokens, cfg, all_logits, backend, reselect)
-                    )
+                    sparse.append(run_variant(model, ids, new_tokens, cfg, all_logits, backend))
                 if progress is not None:
                     progress()
         d_pre = _med([p.prefill_ms for p in dense])
@@ -88,7 +85,7 @@ def run_model_bench(
                 density=cfg.density,
                 block_size=cfg.block_size,
                 per_group=cfg.per_group,
-                decode_reselect=reselect,
+                decode_reselect=cfg.decode_reselect,
                 all_logits=all_logits,
                 dense_prefill_ms=round(d_pre, 1),
                 sparse_prefill_ms=round(s_pre, 1),

@@ -74,17 +74,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--prompt-file", default=str(DEFAULT_TEXT), metavar="FILE")
     m.add_argument("--all-logits", action="store_true", help="prefill computes every logit")
     m.add_argument(
-        "--decode-reselect",
-        type=int,
-        default=1,
-        metavar="K",
-        help="decode re-selects every K tokens (1: every token; 0: when a key block starts)",
-    )
-    m.add_argument(
         "--backend", default=None, choices=["cpu", "triton", "reference"], help="kernel backend"
     )
     m.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
-    add_config_args(m, exclude=("density", "block_size", "decode_reselect"))
+    add_config_args(m, exclude=("density", "block_size"))  # --decode-reselect among them
     m.set_defaults(func=run_model)
 
 
@@ -151,8 +144,6 @@ def _validate_model(args: argparse.Namespace) -> str:
         raise SketchWalkError(f"density must be in (0, 1], got {args.density}")
     if args.repeats < 1:
         raise SketchWalkError(f"repeats must be at least 1, got {args.repeats}")
-    if args.decode_reselect < 0:
-        raise SketchWalkError(f"decode reselect must be >= 0, got {args.decode_reselect}")
     if args.new_tokens < 0:
         raise SketchWalkError(f"new tokens must be >= 0, got {args.new_tokens}")
     for n in args.seq_len:
@@ -201,7 +192,6 @@ def run_model(args: argparse.Namespace) -> int:
             all_logits=args.all_logits,
             backend=args.backend,
             progress=lambda: bar.update(1),
-            reselect=args.decode_reselect,
         )
     for r in rows:
         r["model"] = lm.model_id

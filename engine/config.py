@@ -196,6 +196,14 @@ class SketchWalkConfig:
     seed: int = knob(
         0, "seed of the sketch's random signs and coordinates", label="Seed", lo=0, hi=2**31 - 1
     )
+    decode_reselect: int = knob(
+        1,
+        "decode: re-select each layer's blocks every k tokens (1 = every token; 0 = only when a "
+        "new key block starts; the selection is reused in between)",
+        label="Decode re-select every",
+        lo=0,
+        hi=1 << 16,
+    )
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -311,6 +319,7 @@ LEGACY: dict[str, Any] = {
     "window_blocks": 0,
     "estimator": "mean",
     "query_block": 0,
+    "decode_reselect": 1,
 }
 
 # ---- presets: data next to the declaration ----------------------------------------------------

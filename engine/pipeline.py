@@ -70,7 +70,6 @@ class Plan:
     w: torch.Tensor | None  # [B, G, n, n] walk scores (None when the method uses none)
     selection: BlockSelection | None
     sketched: SketchedBlocks | None
-    exact: torch.Tensor | None = None  # [B, G, n, n] when computed
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -215,11 +214,12 @@ def prefill_plan(
     valid: torch.Tensor | None = None,
     scale: float | None = None,
     select: bool = True,
-    want_exact: bool = False,
+    exact: torch.Tensor | None = None,
 ) -> Plan:
     """Sketch, walk and select for a prefill layer (queries == keys positions).
 
-    select=False only estimates (dense layers that still feed decode or the recorder).
+    select=False only estimates (dense layers that still feed decode or the recorder). exact:
+    the layer's exact block mass (layer_exact), for methods that select on it.
     """
     bsz, h, t, d = q.shape
     b = cfg.block_size
@@ -231,11 +231,8 @@ def prefill_plan(
     tokens = cfg if cfg.estimator == "query" else None
     sk, qt = timer.run("sketch", lambda: sketch_blocks(q, k, srht, b, valid, tokens))
     a = timer.run("sketch", lambda: transition(sk, rows, d, cfg, qt))
-    exact = None
-    if want_exact or (select and cfg.method_spec.needs_exact):
-        exact = exact_block_mass(q, k, scale, b, valid, cfg.groups(k.shape[1]))
     if not select:
-        return Plan(a, None, None, sk, exact, timer.ms)
+        return Plan(a, None, None, sk, timer.ms)
     w = timer.run("walk", lambda: walk(a, prev_walk, cfg.effective_beta, cfg.degree))
     start, end = key_span(valid)
     real_rows = sk.q_count > 0
@@ -245,7 +242,7 @@ def prefill_plan(
         return choose_blocks(cfg, method_scores(cfg, x), rows, start, end, n, real_rows)
 
     sel = timer.run("select", choose)
-    return Plan(a, w, sel, sk, exact, timer.ms)
+    return Plan(a, w, sel, sk, timer.ms)
 
 
 def prefill_selection(
@@ -255,8 +252,23 @@ def prefill_selection(
     from .sketch import make_srht
 
     srht = make_srht(q.shape[-1], cfg.sketch_dim, cfg.seed, layer).to(q.device)
-    plan = prefill_plan(q, k, cfg, srht, prev_walk=state)
-    return plan.selection
+    exact = layer_exact(q, k, None, None, cfg) if cfg.method_spec.needs_exact else None
+    return prefill_plan(q, k, cfg, srht, prev_walk=state, exact=exact).selection
+
+
+def layer_exact(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    valid: torch.Tensor | None,
+    scale: float | None,
+    cfg: SketchWalkConfig,
+) -> torch.Tensor:
+    """The one place a layer's exact block mass [B, G, rows, n] is computed (a dense softmax):
+    per selection group, for the oracle's selection and for the recorder's ground truth."""
+    if valid is None:
+        valid = torch.ones(k.shape[0], k.shape[2], dtype=torch.bool, device=k.device)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return exact_block_mass(q, k, scale, cfg.block_size, valid, cfg.groups(k.shape[1]))
 
 
 @dataclass
@@ -362,7 +374,7 @@ def chunk_step(
 
     a_rows, real_rows = timer.run("sketch", update)
     if not select:
-        return Plan(a_rows, None, None, None, None, timer.ms)
+        return Plan(a_rows, None, None, None, timer.ms)
     beta = cfg.effective_beta
     w_rows = timer.run("walk", lambda: walk_rows(a_rows, st.a, prev_walk, beta, cfg.degree))
     start, end = key_span(key_valid)
@@ -372,7 +384,7 @@ def chunk_step(
         return choose_blocks(cfg, method_scores(cfg, x), rows, start, end, n, real_rows)
 
     sel = timer.run("select", choose)
-    return Plan(a_rows, w_rows, sel, None, None, timer.ms)
+    return Plan(a_rows, w_rows, sel, None, timer.ms)
 
 
 def decode_absorb(
@@ -478,7 +490,7 @@ def decode_step(
 
     sel = timer.run("select", choose)
     st.selection, st.selected_block, st.steps_since = sel, cur, 0
-    return Plan(r, s, sel, None, exact, timer.ms)
+    return Plan(r, s, sel, None, timer.ms)
 
 
 def reusable(st: DecodeLayerState, lk: int, cfg: SketchWalkConfig, every: int) -> bool:
@@ -506,4 +518,4 @@ def decode_reuse(
     timer = StageTimer(q.device)
     timer.run("sketch", lambda: decode_absorb(st, q, k_new, lk, cfg, srht, key_valid))
     st.steps_since += 1
-    return Plan(None, None, st.selection, None, None, timer.ms)
+    return Plan(None, None, st.selection, None, timer.ms)

@@ -1,7 +1,9 @@
-"""Recorder: copies what each layer decided (small n x n block tensors) to CPU records.
+"""Recorder: an observer that copies what each layer decided (small n x n block tensors) to CPU
+records; it only reads what the session hands it (a LayerStep), so recording cannot change a run.
 
-Off in pure inference. The exact block mass needs the full softmax (dense cost), so it is only
-computed up to `exact_max_tokens` of context; past that, exact, sketch error and recall are None.
+Off in pure inference. The exact block mass needs the full softmax (dense cost), so the session
+only computes it for the recorder up to `exact_max_tokens` of context; past that, exact, sketch
+error and recall are None.
 
 A layer's record describes all KV-head groups (estimates averaged, kept = kept by any group).
 When selection is per group, each group also gets its own record in `group_layers` (phase
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .blockstats import exact_block_mass, mass_recall, row_mean, tv_distance
+from .blockstats import mass_recall, row_mean, tv_distance
 from .pipeline import Plan
 from .records import LayerRecord, group_phase
 from .select import selection_mask
@@ -29,6 +31,28 @@ class RecorderOptions:
     time_dense: bool = True  # also time dense SDPA on the same inputs, for per-layer speedups
     decode: bool = True  # record decode steps too
     group_max_blocks: int = 128  # per-group records (per-group selection) up to this many blocks
+
+
+@dataclass(frozen=True)
+class LayerStep:
+    """What one layer did in one prefill or decode step, as the session hands it to the recorder.
+
+    exact: the exact block mass [B', G, rows, n] when the session computed it (B' may be just
+    batch element 0, which is all the recorder reads); timings in ms by stage.
+    """
+
+    phase: str
+    step: int
+    layer: int
+    plan: Plan | None
+    exact: torch.Tensor | None
+    q: torch.Tensor
+    k: torch.Tensor
+    key_valid: torch.Tensor
+    scale: float
+    block_size: int
+    density_target: float | None
+    timings: dict[str, float]
 
 
 def _np(x: torch.Tensor | None) -> np.ndarray | None:
@@ -43,33 +67,22 @@ class Recorder:
         default_factory=list
     )  # per KV-head group (phase 'prefill:g1')
 
+    def observes(self, phase: str) -> bool:
+        """Which layer steps it records: prefill, and decode unless switched off (not chunks)."""
+        return phase == "prefill" or (phase == "decode" and self.options.decode)
+
     def wants_exact(self, lk: int) -> bool:
         return lk <= self.options.exact_max_tokens
 
-    def record(
-        self,
-        phase: str,
-        step: int,
-        layer: int,
-        plan: Plan | None,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        key_valid: torch.Tensor,
-        scale: float,
-        block_size: int,
-        density_target: float | None,
-        timings: dict[str, float],
-    ) -> None:
+    def record(self, obs: LayerStep) -> None:
         """One record for batch element 0; group dimensions are averaged (selected: any group)."""
-        if phase == "decode" and not self.options.decode:
+        if not self.observes(obs.phase):
             return
-        lk = k.shape[2]
-        n = -(-lk // block_size)
-        q0, k0, kv0 = q[:1], k[:1], key_valid[:1]
-        exact = plan.exact[:1] if plan is not None and plan.exact is not None else None
+        plan, q, block_size, timings = obs.plan, obs.q, obs.block_size, obs.timings
+        n = -(-obs.k.shape[2] // block_size)
+        kv0 = obs.key_valid[:1]
+        exact = None if obs.exact is None else obs.exact[:1]
         groups = self._groups(plan, n)
-        if exact is None and self.wants_exact(lk):
-            exact = exact_block_mass(q0, k0, scale, block_size, kv0, groups=max(groups, 1))
         exact_g = exact.float()[0] if exact is not None else None  # [G, rows, n]
         exact = None if exact is None else exact.float().mean(1)[0]  # [rows, n]
         rows = exact.shape[0] if exact is not None else -(-q.shape[2] // block_size)
@@ -82,9 +95,9 @@ class Recorder:
                 sel = selection_mask(plan.selection, n)[:1].any(1)[0]
         real = self._real_rows(kv0, q.shape[2], block_size, rows)
         rec = LayerRecord(
-            phase=phase,
-            step=step,
-            layer=layer,
+            phase=obs.phase,
+            step=obs.step,
+            layer=obs.layer,
             dense=plan is None or plan.selection is None,
             n_blocks=n,
             q_blocks=q_blocks,
@@ -92,7 +105,7 @@ class Recorder:
             walk=_np(w),
             exact=_np(exact),
             selected=_np(sel),
-            density_target=density_target,
+            density_target=obs.density_target,
             density_achieved=plan.selection.density
             if plan is not None and plan.selection is not None
             else None,

@@ -18,7 +18,6 @@ import torch
 
 from sketchwalk.kernels import choose_backend, decode_cache
 
-from .blockstats import exact_block_mass
 from .config import SketchWalkConfig
 from .dense import dense_attention, key_validity
 from .pipeline import (
@@ -27,12 +26,13 @@ from .pipeline import (
     chunk_step,
     decode_reuse,
     decode_step,
+    layer_exact,
     prefill_plan,
     reusable,
     sparse_attention,
     start_decode,
 )
-from .recorder import Recorder
+from .recorder import LayerStep, Recorder
 from .sketch import SRHT, make_srht
 
 ProgressFn = Callable[[str, int, int], None]  # (phase, step, layer)
@@ -44,9 +44,6 @@ class Session:
     recorder: Recorder | None = None
     progress: ProgressFn | None = None
     kernel_backend: str | None = None
-    # decode re-selects at least every this many tokens (1: every token; 0: when a key block
-    # starts); between, a layer keeps its last selection (see pipeline.reusable)
-    decode_reselect: int = 1
     decode_reused: int = 0  # (layer, step) decode pairs that kept their last selection
     step: int = 0
     walk_prev: torch.Tensor | None = None
@@ -78,7 +75,7 @@ class Session:
         return kept / cand if cand else None
 
     def _count(self, phase: str, kept: int, cand: int, sparse: bool) -> None:
-        c = self.counts.setdefault(phase, [0, 0, 0, 0])
+        c = self.counts.setdefault("prefill" if phase == "chunk" else phase, [0, 0, 0, 0])
         if sparse:
             c[0] += kept
             c[1] += cand
@@ -103,38 +100,89 @@ class Session:
     def attend(self, layer: int, q, k, v, mask, scale: float) -> torch.Tensor:
         bsz, _, lq, _ = q.shape
         lk = k.shape[2]
-        if lq == lk and layer == 0:
-            self.reset()
-        if lq == 1 and lk > 1 and layer == 0:
-            self.step += 1
-        if 1 < lq < lk and layer == 0:  # a chunk after a cache: its own walk across layers
-            self.chunk_walk = None
-        phase = "prefill" if lq > 1 else "decode"
+        phase = phase_of(lk - lq, lq)
+        if layer == 0:
+            self._begin(phase)
         if self.progress is not None:
             self.progress(phase, self.step, layer)
         key_valid = self._key_validity(mask, bsz, lk, q.device)
-        if lq == lk:
-            return self._prefill(layer, q, k, v, mask, key_valid, scale)
-        if lq == 1 and layer in self.decode_states:
-            return self._decode(layer, q, k, v, mask, key_valid, scale)
-        if lq > 1 and layer in self.decode_states:
-            return self._chunk(layer, q, k, v, mask, key_valid, scale)
-        if lq > 1 and not self.cfg.is_dense_layer(layer):
-            warnings.warn(
-                "sketch_walk: queries after a cache without this sequence's prefill state "
-                "(or with decode kept dense) run dense",
-                stacklevel=2,
-            )
-        return self._dense(phase, layer, None, q, k, v, mask, key_valid, scale)
+        exact = self._exact(phase, layer, q, k, key_valid, scale)
+        if phase == "prefill":
+            plan, out, ms = self._prefill(layer, q, k, v, mask, key_valid, scale, exact)
+        elif phase == "decode" and layer in self.decode_states:
+            plan, out, ms = self._decode(layer, q, k, v, mask, key_valid, scale, exact)
+        elif phase == "chunk" and layer in self.decode_states:
+            plan, out, ms = self._chunk(layer, q, k, v, mask, key_valid, scale)
+        else:
+            if phase == "chunk" and not self.cfg.is_dense_layer(layer):
+                warnings.warn(
+                    "sketch_walk: queries after a cache without this sequence's prefill state "
+                    "(or with decode kept dense) run dense",
+                    stacklevel=2,
+                )
+            plan = None
+            out, ms = self._dense(phase, q, k, v, mask, scale)
+        if self.recorder is not None and self.recorder.observes(phase):
+            self._observe(phase, layer, plan, exact, q, k, v, mask, key_valid, scale, ms)
+        return out
 
-    def _prefill(self, layer, q, k, v, mask, key_valid, scale) -> torch.Tensor:
+    def _begin(self, phase: str) -> None:
+        """Layer 0 of a forward call: what the cache says this call is moves the sequence on."""
+        if phase == "prefill":
+            self.reset()
+        elif phase == "decode":
+            self.step += 1
+        else:  # a chunk after a cache: its own walk across layers
+            self.chunk_walk = None
+
+    def _exact(self, phase, layer, q, k, key_valid, scale) -> torch.Tensor | None:
+        """The exact block mass of this layer step, computed here only and at most once: for a
+        method that selects on it (the whole batch) or for the recorder (batch element 0)."""
+        cfg = self.cfg
+        if phase == "prefill":
+            selects = cfg.sparse_in("prefill") and not cfg.is_dense_layer(layer)
+        else:
+            selects = phase == "decode" and layer in self.decode_states
+        if selects and cfg.method_spec.needs_exact:
+            return layer_exact(q, k, key_valid, scale, cfg)
+        rec = self.recorder
+        if rec is not None and rec.observes(phase) and rec.wants_exact(k.shape[2]):
+            return layer_exact(q[:1], k[:1], key_valid[:1], scale, cfg)
+        return None
+
+    def _observe(self, phase, layer, plan, exact, q, k, v, mask, key_valid, scale, ms) -> None:
+        """The recorder's one call site: what this layer step decided, read-only."""
+        sparse = plan is not None and plan.selection is not None
+        timings = dict(plan.timings if plan is not None else {}, attention=ms)
+        if not sparse:
+            timings["dense"] = ms
+        elif self.recorder.options.time_dense:
+            t0 = _now(q)
+            dense_attention(q, k, v, mask, scale)
+            timings["dense"] = _now(q) - t0
+        self.recorder.record(
+            LayerStep(
+                phase=phase,
+                step=self.step,
+                layer=layer,
+                plan=plan,
+                exact=exact,
+                q=q,
+                k=k,
+                key_valid=key_valid,
+                scale=scale,
+                block_size=self.cfg.block_size,
+                density_target=self.cfg.density if sparse else None,
+                timings=timings,
+            )
+        )
+
+    def _prefill(self, layer, q, k, v, mask, key_valid, scale, exact):
         cfg = self.cfg
         sparse = cfg.sparse_in("prefill") and not cfg.is_dense_layer(layer)
         for_decode = cfg.sparse_in("decode") and not cfg.is_dense_layer(layer)
-        rec = self.recorder
         plan: Plan | None = None
-        if sparse or for_decode or (rec is not None and cfg.method != "dense"):
-            want_exact = rec is not None and rec.wants_exact(k.shape[2])
+        if sparse or for_decode or (self.recorder is not None and cfg.method != "dense"):
             plan = prefill_plan(
                 q,
                 k,
@@ -144,7 +192,7 @@ class Session:
                 key_valid,
                 scale,
                 select=sparse,
-                want_exact=want_exact,
+                exact=exact,
             )
             for stage, ms in plan.timings.items():
                 self._time(stage, ms)
@@ -155,14 +203,14 @@ class Session:
                     plan, q, self.srht(layer, q.shape[-1], q.device), cfg
                 )
         if not sparse:
-            return self._dense("prefill", layer, plan, q, k, v, mask, key_valid, scale)
-        return self._sparse("prefill", layer, plan, q, k, v, mask, key_valid, scale)
+            return (plan, *self._dense("prefill", q, k, v, mask, scale))
+        return (plan, *self._sparse("prefill", layer, plan, q, k, v, mask, key_valid, scale))
 
-    def _chunk(self, layer, q, k, v, mask, key_valid, scale) -> torch.Tensor:
+    def _chunk(self, layer, q, k, v, mask, key_valid, scale):
         """Queries after a cache (chunked prefill, a later turn): the layer's decode state takes
-        the new tokens, the chunk's rows are walked and selected like a prefill's. The queries are
-        front-padded to a block boundary so that kernel tiles are whole blocks; the pad is cut.
-        Not recorded: a run's records are its prefill and its decode steps."""
+        the new tokens, the chunk's rows are walked and selected like a prefill's (and counted
+        with it). The queries are front-padded to a block boundary so that kernel tiles are whole
+        blocks; the pad is cut. Not recorded: a run's records are its prefill and decode steps."""
         cfg = self.cfg
         lq, lk = q.shape[2], k.shape[2]
         sparse = cfg.sparse_in("prefill") and not cfg.is_dense_layer(layer)
@@ -179,21 +227,18 @@ class Session:
         for stage, ms in plan.timings.items():
             self._time(stage, ms)
         if not sparse:
-            return self._dense("prefill", layer, None, q, k, v, mask, key_valid, scale, False)
+            return (None, *self._dense("chunk", q, k, v, mask, scale))
         self.chunk_walk = plan.w
         pad = (lk - lq) % cfg.block_size
         q_aligned = torch.nn.functional.pad(q, (0, 0, pad, 0))
-        out = self._sparse("prefill", layer, plan, q_aligned, k, v, mask, key_valid, scale, False)
-        return out[:, :, pad:]
+        out, ms = self._sparse("chunk", layer, plan, q_aligned, k, v, mask, key_valid, scale)
+        return plan, out[:, :, pad:], ms
 
-    def _decode(self, layer, q, k, v, mask, key_valid, scale) -> torch.Tensor:
+    def _decode(self, layer, q, k, v, mask, key_valid, scale, exact):
         cfg = self.cfg
         st = self.decode_states[layer]
-        exact = None
-        if cfg.method_spec.needs_exact:
-            exact = exact_block_mass(q, k, scale, cfg.block_size, key_valid, cfg.groups(k.shape[1]))
         srht = self.srht(layer, q.shape[-1], q.device)
-        if reusable(st, k.shape[2], cfg, self.decode_reselect):
+        if reusable(st, k.shape[2], cfg, cfg.decode_reselect):
             plan = decode_reuse(
                 st, q, k[:, :, -1:], k.shape[2], cfg, srht, None if mask is None else key_valid
             )
@@ -204,42 +249,23 @@ class Session:
             )
         for stage, ms in plan.timings.items():
             self._time(stage, ms)
-        return self._sparse("decode", layer, plan, q, k, v, mask, key_valid, scale)
+        return (plan, *self._sparse("decode", layer, plan, q, k, v, mask, key_valid, scale))
 
-    def _sparse(
-        self, phase, layer, plan: Plan, q, k, v, mask, key_valid, scale, record: bool = True
-    ) -> torch.Tensor:
+    def _sparse(self, phase, layer, plan: Plan, q, k, v, mask, key_valid, scale):
+        """The kept blocks through the kernel; returns the output and its time in ms."""
         sel = plan.selection
         all_valid = mask is None or bool(key_valid.all())  # no mask: no padding, no sync
         seq_start = None if all_valid else key_valid.float().argmax(dim=1)
         t0 = _now(q)
         out = None
-        if phase == "decode" and self.decode_reselect != 1:
+        if phase == "decode" and self.cfg.decode_reselect != 1:
             out = self._decode_gathered(layer, sel, q, k, v, scale, seq_start)
         if out is None:
             out = sparse_attention(self.cfg, sel, q, k, v, scale, seq_start, self.kernel_backend)
-        timings = dict(plan.timings, attention=_now(q) - t0)
-        self._time("attention", timings["attention"])
+        ms = _now(q) - t0
+        self._time("attention", ms)
         self._count(phase, sel.kept, sel.candidates, sparse=True)
-        if self.recorder is not None and record:
-            if self.recorder.options.time_dense:
-                t0 = _now(q)
-                dense_attention(q, k, v, mask, scale)
-                timings["dense"] = _now(q) - t0
-            self.recorder.record(
-                phase,
-                self.step,
-                layer,
-                plan,
-                q,
-                k,
-                key_valid,
-                scale,
-                self.cfg.block_size,
-                self.cfg.density,
-                timings,
-            )
-        return out
+        return out, ms
 
     def _decode_gathered(self, layer, sel, q, k, v, scale, seq_start) -> torch.Tensor | None:
         """Decode with a selection kept across steps: its K/V gathered once (kernels/decode_cache);
@@ -269,9 +295,8 @@ class Session:
             st.gathered = g
         return decode_cache.attend(g, q, k, v, scale)
 
-    def _dense(
-        self, phase, layer, plan: Plan | None, q, k, v, mask, key_valid, scale, record=True
-    ) -> torch.Tensor:
+    def _dense(self, phase, q, k, v, mask, scale):
+        """Dense attention; returns the output and its time in ms."""
         t0 = _now(q)
         out = dense_attention(q, k, v, mask, scale)
         ms = _now(q) - t0
@@ -280,22 +305,15 @@ class Session:
         nk = -(-k.shape[2] // self.cfg.block_size)
         cand = nk if q.shape[2] == 1 else nq * (nq + 1) // 2  # causal pairs (unpadded estimate)
         self._count(phase, cand, cand, sparse=False)
-        if self.recorder is not None and record:
-            timings = dict(plan.timings if plan else {}, attention=ms, dense=ms)
-            self.recorder.record(
-                phase,
-                self.step,
-                layer,
-                plan,
-                q,
-                k,
-                key_valid,
-                scale,
-                self.cfg.block_size,
-                None,
-                timings,
-            )
-        return out
+        return out, ms
+
+
+def phase_of(past: int, lq: int) -> str:
+    """What a forward call is, from the tokens already in the layer's cache: none, a prefill
+    (a one-token prompt too); one new query, a decode step; several, a chunk."""
+    if past == 0:
+        return "prefill"
+    return "decode" if lq == 1 else "chunk"
 
 
 def _now(x: torch.Tensor) -> float:
@@ -315,13 +333,9 @@ def sketch_walk_session(
     recorder: Recorder | None = None,
     progress: ProgressFn | None = None,
     kernel_backend: str | None = None,
-    decode_reselect: int = 1,
 ) -> Iterator[Session]:
     """Bind a fresh per-sequence state for the calls made inside the block."""
-    if decode_reselect < 0:
-        raise ValueError(f"decode_reselect must be >= 0, got {decode_reselect}")
     session = Session(cfg or SketchWalkConfig(), recorder, progress, kernel_backend)
-    session.decode_reselect = decode_reselect
     token = _current.set(session)
     try:
         yield session

@@ -114,7 +114,6 @@ def run_variant(
     cfg: SketchWalkConfig | None,
     all_logits: bool,
     backend: str | None = None,
-    reselect: int = 1,
 ) -> Pass:
     """cfg None: the model's own SDPA; else Sketch&Walk with no recorder."""
     if cfg is None:
@@ -133,7 +132,7 @@ def run_variant(
         return Pass(prefill, steps, stages, first)
     model.set_attn_implementation(NAME)
     try:
-        with sketch_walk_session(cfg, kernel_backend=backend, decode_reselect=reselect) as session:
+        with sketch_walk_session(cfg, kernel_backend=backend) as session:
             pre: dict[str, float] = {}
             prefill, steps, first = one_pass(
                 model, ids, new_tokens, all_logits, lambda: pre.update(session.timings)
@@ -154,7 +153,6 @@ def clean_timings(
     cfg: SketchWalkConfig,
     new_tokens: int,
     backend: str | None = None,
-    reselect: int = 1,
 ) -> dict[str, float]:
     """One clean dense pass and one clean sparse pass (no recorder): the `clean_*` timing keys.
 
@@ -162,7 +160,7 @@ def clean_timings(
     as noisy as the run itself (`sketchwalk bench model` repeats and takes medians).
     """
     dense = run_variant(model, ids, new_tokens, None, False)
-    sparse = run_variant(model, ids, new_tokens, cfg, False, backend, reselect)
+    sparse = run_variant(model, ids, new_tokens, cfg, False, backend)
     out = {
         "clean_dense_prefill_ms": dense.prefill_ms,
         "clean_sparse_prefill_ms": sparse.prefill_ms,

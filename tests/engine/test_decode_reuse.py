@@ -10,7 +10,7 @@ import pytest
 import torch
 from engine_fixtures import tiny_llama
 
-from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.engine.config import LEGACY, ConfigError, SketchWalkConfig
 from sketchwalk.engine.pipeline import (
     decode_reuse,
     decode_step,
@@ -84,7 +84,7 @@ def test_every_one_never_reuses():
 
 def _generate(model, ids, cfg, reselect, recorder=None, new=12):
     model.set_attn_implementation("sketch_walk")
-    with sketch_walk_session(cfg, recorder, decode_reselect=reselect) as s:
+    with sketch_walk_session(cfg.with_(decode_reselect=reselect), recorder) as s:
         out = greedy(model, ids, new, None)
     return out, s
 
@@ -116,9 +116,14 @@ def test_clean_pass_equals_recorded_pass(reselect):
     assert torch.equal(clean.new_logits, recorded.new_logits)
 
 
-def test_negative_reselect_is_refused():
-    with (
-        pytest.raises(ValueError, match="decode_reselect"),
-        sketch_walk_session(decode_reselect=-1),
-    ):
-        pass
+def test_decode_reselect_is_a_checked_knob_and_older_runs_reselect_every_token():
+    with pytest.raises(ConfigError, match="decode reselect must be >= 0"):
+        SketchWalkConfig(decode_reselect=-1)
+    with pytest.raises(ConfigError, match="decode reselect must be an integer"):
+        SketchWalkConfig(decode_reselect=1.5)
+    assert SketchWalkConfig(decode_reselect=0).decode_reselect == 0
+    assert LEGACY["decode_reselect"] == 1
+    old = SketchWalkConfig(decode_reselect=0).to_dict()
+    assert SketchWalkConfig.from_stored(old).decode_reselect == 0  # a stored value is kept ...
+    old.pop("decode_reselect")
+    assert SketchWalkConfig.from_stored(old).decode_reselect == 1  # ... a missing one is legacy

@@ -1,0 +1,116 @@
+"""The session: one recorder call site with a frozen LayerStep, the exact block mass computed at
+most once per layer step, and the phase read from the cache (a one-token prompt is a prefill)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from engine_fixtures import tiny_llama
+
+from sketchwalk.engine import pipeline
+from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.engine.recorder import LayerStep, Recorder
+from sketchwalk.engine.runner import greedy
+from sketchwalk.engine.session import Session, phase_of, sketch_walk_session
+
+LAYERS, PROMPT, NEW = 3, 40, 5
+
+
+class CountingRecorder(Recorder):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.seen: list[LayerStep] = []
+
+    def record(self, obs: LayerStep) -> None:
+        assert isinstance(obs, LayerStep)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            obs.layer = -1  # an observer cannot change what it is shown
+        self.seen.append(obs)
+        super().record(obs)
+
+
+def _run(cfg, recorder=None, prompt=PROMPT, new=NEW, progress=None):
+    model = tiny_llama(layers=LAYERS)
+    ids = torch.randint(1, 128, (1, prompt), generator=torch.Generator().manual_seed(5))
+    model.set_attn_implementation("sketch_walk")
+    with sketch_walk_session(cfg, recorder, progress) as s:
+        out = greedy(model, ids, new, None)
+    return out, s
+
+
+def test_every_recorded_layer_step_goes_through_one_record_call():
+    rec = CountingRecorder()
+    _run(SketchWalkConfig(density=0.3, block_size=16, dense_layers=(0,)), rec)
+    where = [(o.phase, o.step, o.layer) for o in rec.seen]
+    prefill = [("prefill", 0, i) for i in range(LAYERS)]
+    decode = [("decode", s, i) for s in range(1, NEW) for i in range(LAYERS)]
+    assert where == prefill + decode
+    assert len(rec.layers) == len(rec.seen)
+    assert [o.density_target for o in rec.seen[:LAYERS]] == [None, 0.3, 0.3]  # layer 0 is dense
+
+
+@pytest.mark.parametrize(
+    "method, exact_max_tokens, per_step",
+    [
+        ("sketchwalk", 8192, LAYERS),  # the recorder's ground truth, every layer step
+        ("oracle", 8192, LAYERS),  # the oracle selects on the same tensor: still once
+        ("oracle", 8, LAYERS - 1),  # past the recorder's limit only the sparse layers need it
+        ("sketchwalk", 8, 0),
+    ],
+)
+def test_exact_mass_is_computed_at_most_once_per_layer_step(
+    monkeypatch, method, exact_max_tokens, per_step
+):
+    calls = []
+    real = pipeline.exact_block_mass
+
+    def counted(q, k, *args, **kw):
+        calls.append(q.shape[0])
+        return real(q, k, *args, **kw)
+
+    monkeypatch.setattr(pipeline, "exact_block_mass", counted)
+    rec = CountingRecorder()
+    rec.options.exact_max_tokens = exact_max_tokens
+    cfg = SketchWalkConfig(method=method, density=0.3, block_size=16, dense_layers=(0,))
+    _run(cfg, rec)
+    assert len(calls) == per_step * NEW
+    for obs, r in zip(rec.seen, rec.layers, strict=True):
+        assert (obs.exact is None) == (r.exact is None)  # the recorder never computes its own
+
+
+def test_a_one_token_prompt_is_a_prefill_and_then_decodes():
+    seen = []
+    rec = Recorder()
+    _, s = _run(
+        SketchWalkConfig(density=0.5, block_size=16, dense_layers=()),
+        rec,
+        prompt=1,
+        new=3,
+        progress=lambda phase, step, layer: seen.append((phase, step, layer)),
+    )
+    assert seen[:LAYERS] == [("prefill", 0, i) for i in range(LAYERS)]
+    assert seen[LAYERS:] == [("decode", s, i) for s in (1, 2) for i in range(LAYERS)]
+    assert [r.phase for r in rec.layers[:LAYERS]] == ["prefill"] * LAYERS
+    assert set(s.decode_states) == set(range(LAYERS)) and s.step == 2
+    assert s.density("prefill") is not None and s.density("decode") is not None
+
+
+def test_the_phase_comes_from_the_tokens_already_cached():
+    assert phase_of(past=0, lq=1) == "prefill"
+    assert phase_of(past=0, lq=50) == "prefill"
+    assert phase_of(past=50, lq=1) == "decode"
+    assert phase_of(past=50, lq=7) == "chunk"
+    # one session, fed raw tensors: a prefill, a decode step, a chunk, then a new prompt
+    s = Session(SketchWalkConfig(density=0.5, block_size=16, dense_layers=()))
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 4, 48, 16, generator=g), torch.randn(1, 2, 48, 16, generator=g)
+    s.attend(0, q[:, :, :40], k[:, :, :40], k[:, :, :40], None, 0.25)
+    assert s.step == 0 and 0 in s.decode_states
+    s.attend(0, q[:, :, 40:41], k[:, :, :41], k[:, :, :41], None, 0.25)
+    assert s.step == 1
+    s.attend(0, q[:, :, 41:48], k, k, None, 0.25)  # a chunk: no step, its own walk
+    assert s.step == 1 and s.chunk_walk is not None
+    s.attend(0, q[:, :, :1], k[:, :, :1], k[:, :, :1], None, 0.25)  # a one-token prompt
+    assert s.step == 0 and s.decode_states[0].a.shape[-1] == 1
