@@ -3,6 +3,8 @@
 The attention function is called layer by layer without any handle to "this run": the walk needs
 the previous layer's scores and decode needs every layer's grown A_l. Binding that state to a
 context (not to modules or globals) keeps two runs, threads or requests from ever sharing it.
+What each call is (prefill, decode step, chunk) is read from the layer's cache, and everything
+the recorder sees passes through one call (Session._observe).
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ class Session:
     def attend(self, layer: int, q, k, v, mask, scale: float) -> torch.Tensor:
         bsz, _, lq, _ = q.shape
         lk = k.shape[2]
-        phase = phase_of(lk - lq, lq)
+        phase = phase_of(lk - lq, lq)  # the cache hands over its keys with the new ones
         if layer == 0:
             self._begin(phase)
         if self.progress is not None:
@@ -192,7 +194,7 @@ class Session:
                 key_valid,
                 scale,
                 select=sparse,
-                exact=exact,
+                exact=exact if cfg.method_spec.needs_exact else None,
             )
             for stage, ms in plan.timings.items():
                 self._time(stage, ms)
@@ -244,6 +246,7 @@ class Session:
             )
             self.decode_reused += 1
         else:
+            exact = exact if cfg.method_spec.needs_exact else None  # else the recorder's
             plan = decode_step(
                 st, q, k[:, :, -1:], k.shape[2], cfg, srht, key_valid, exact, keys=k, scale=scale
             )
