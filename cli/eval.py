@@ -71,15 +71,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def grid_progress(desc: str):
-    """A tqdm bar on stderr driven by a grid's (done, total, message) callback."""
+    """A tqdm bar on stderr (percent done) driven by a grid's Progress callback."""
     from tqdm import tqdm
 
-    with tqdm(total=1, desc=desc, unit="pass", file=sys.stderr) as bar:
+    with tqdm(total=100, desc=desc, unit="%", file=sys.stderr) as bar:
 
-        def progress(done: int, total: int, msg: str) -> None:
-            bar.total = total
+        def progress(fraction: float, msg: str) -> None:
             bar.set_postfix_str(msg[-40:], refresh=False)
-            bar.update(done - bar.n)
+            bar.update(round(100 * fraction) - bar.n)
 
         yield progress
 

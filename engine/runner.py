@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 import sketchwalk
+from sketchwalk.progress import Progress
 
 from .config import SketchWalkConfig
 from .hook import NAME
@@ -36,8 +37,6 @@ from .models import LoadedModel
 from .recorder import Recorder, RecorderOptions
 from .records import BlockSpan, RunResult, TokenRecord
 from .session import sketch_walk_session
-
-ProgressFn = Callable[[float, str], None]  # (fraction done, message)
 
 
 class PromptError(sketchwalk.errors.SketchWalkError):
@@ -213,7 +212,7 @@ def run(
     prompt: str,
     cfg: SketchWalkConfig,
     opts: RunOptions | None = None,
-    progress: ProgressFn | None = None,
+    progress: Progress | None = None,
 ) -> RunResult:
     """Dense and sparse on the same prompt: generations, metrics, per-layer records, timings."""
     opts = opts or RunOptions()
@@ -231,7 +230,7 @@ def _run(
     ids: torch.Tensor,
     cfg: SketchWalkConfig,
     opts: RunOptions,
-    progress: ProgressFn | None,
+    progress: Progress | None,
 ) -> RunResult:
     n = ids.shape[1]
     model, tok = lm.model, lm.tokenizer
@@ -251,13 +250,13 @@ def _run(
 
     recorder = Recorder(opts.recorder) if opts.record else None
 
-    def layer_progress(phase: str, step: int, layer: int) -> None:
+    def on_layer(phase: str, step: int, layer: int) -> None:
         base = 1 + opts.max_new_tokens + (step if phase == "decode" else 0)
         report(base + layer / n_layers, f"sparse {phase} step {step} layer {layer}")
 
     model.set_attn_implementation(NAME)
     try:
-        with sketch_walk_session(cfg, recorder, layer_progress, opts.kernel_backend) as session:
+        with sketch_walk_session(cfg, recorder, on_layer, opts.kernel_backend) as session:
             sparse = greedy(model, ids, opts.max_new_tokens, eos)
     finally:
         model.set_attn_implementation("sdpa")

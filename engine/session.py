@@ -37,14 +37,16 @@ from .pipeline import (
 from .recorder import LayerStep, Recorder
 from .sketch import SRHT, make_srht
 
-ProgressFn = Callable[[str, int, int], None]  # (phase, step, layer)
+# called as each layer starts, (phase, step, layer): where the sequence is, not a progress report
+# (the runner turns it into one; see sketchwalk/progress.py)
+LayerHook = Callable[[str, int, int], None]
 
 
 @dataclass
 class Session:
     cfg: SketchWalkConfig
     recorder: Recorder | None = None
-    progress: ProgressFn | None = None
+    on_layer: LayerHook | None = None
     kernel_backend: str | None = None
     decode_reused: int = 0  # (layer, step) decode pairs that kept their last selection
     step: int = 0
@@ -105,8 +107,8 @@ class Session:
         phase = phase_of(lk - lq, lq)  # the cache hands over its keys with the new ones
         if layer == 0:
             self._begin(phase)
-        if self.progress is not None:
-            self.progress(phase, self.step, layer)
+        if self.on_layer is not None:
+            self.on_layer(phase, self.step, layer)
         key_valid = self._key_validity(mask, bsz, lk, q.device)
         exact = self._exact(phase, layer, q, k, key_valid, scale)
         if phase == "prefill":
@@ -334,11 +336,11 @@ _current: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
 def sketch_walk_session(
     cfg: SketchWalkConfig | None = None,
     recorder: Recorder | None = None,
-    progress: ProgressFn | None = None,
+    on_layer: LayerHook | None = None,
     kernel_backend: str | None = None,
 ) -> Iterator[Session]:
     """Bind a fresh per-sequence state for the calls made inside the block."""
-    session = Session(cfg or SketchWalkConfig(), recorder, progress, kernel_backend)
+    session = Session(cfg or SketchWalkConfig(), recorder, on_layer, kernel_backend)
     token = _current.set(session)
     try:
         yield session

@@ -33,8 +33,8 @@ from sketchwalk.engine.session import Session, sketch_walk_session
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.eval.items import Item
 from sketchwalk.eval.retrieval import is_correct
+from sketchwalk.progress import Progress
 
-ProgressFn = Callable[[int, int, str], None]  # (done, total, message)
 _ROWS = 1024  # logit rows per metric chunk
 
 
@@ -217,7 +217,7 @@ def run_grid(
     items: list[Item],
     spec: GridSpec,
     eval_id: str,
-    progress: ProgressFn | None = None,
+    progress: Progress | None = None,
 ) -> list[dict]:
     """Rows (one per cell, in task/source/length/method/density order) ready for the store."""
     cfgs = configs(spec)
@@ -241,7 +241,7 @@ def run_grid(
         nonlocal done
         done += 1
         if progress is not None:
-            progress(done, total, msg)
+            progress(done / total, msg)
 
     for item in items:
         new = spec.new_tokens if item.answer is not None else 0

@@ -73,8 +73,8 @@ def run_eval_job(worker: Any, job: Any) -> str | None:
             raise SketchWalkError("the eval's tasks produced no prompts")
         eval_id = str(uuid.uuid4())
 
-        def progress(done: int, total: int, msg: str) -> None:
-            store.update_job(job.id, 0.98 * done / max(total, 1), f"eval: {msg}"[:200])
+        def progress(fraction: float, msg: str) -> None:
+            store.update_job(job.id, 0.98 * fraction, f"eval: {msg}"[:200])
             worker.checkpoint()  # may raise JobInterrupted: the worker releases the job
 
         rows = run_grid(lm, items, spec, eval_id, progress)

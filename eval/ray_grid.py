@@ -22,15 +22,15 @@ the model installed (the docker image has both).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from sketchwalk.progress import Progress
 
 if TYPE_CHECKING:  # torch-heavy: imported where used, so the CLI parser stays fast to build
     from sketchwalk.eval.grid import GridSpec
     from sketchwalk.eval.items import Item
 
-ProgressFn = Callable[[int, int, str], None]  # (panels done, panels, message)
 
 _MODELS: dict[tuple[str | None, str, str], Any] = {}  # per Ray worker process: loaded once
 
@@ -130,7 +130,7 @@ def run_grid_ray(
     address: str | None = None,
     db_url: str | None = None,
     extra: dict[str, Any] | None = None,
-    progress: ProgressFn | None = None,
+    progress: Progress | None = None,
     num_gpus: float | None = None,
 ) -> list[dict]:
     """The grid as Ray tasks; returns the rows in local-run order, saved once to `db_url`.
@@ -171,7 +171,7 @@ def run_grid_ray(
             if progress is not None:
                 first = groups[i][0]
                 finished = sum(r is not None for r in results)
-                progress(finished, len(refs), f"{first.task}/{first.source}/{first.length}")
+                progress(finished / len(refs), f"{first.task}/{first.source}/{first.length}")
     finally:
         if owns:
             ray.shutdown()
@@ -207,7 +207,7 @@ def eval_grid_on_ray(
     items: list[Item],
     spec: GridSpec,
     eval_id: str,
-    progress: ProgressFn | None = None,
+    progress: Progress | None = None,
     extra: dict[str, Any] | None = None,
 ) -> list[dict]:
     """What `sketchwalk eval` calls instead of `run_grid` when `args.ray is not None`.

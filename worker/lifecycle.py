@@ -17,25 +17,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from sketchwalk.engine.request import RequestError, RunRequest
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.progress import Progress, no_progress
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class Progress(Protocol):
-    """The one progress protocol: fraction done in [0, 1] and a short message. It may raise
-    (a checkpoint) to stop the run; the lifecycle then ends the run as that exception says."""
-
-    def __call__(self, fraction: float, message: str) -> None: ...
-
-
-def no_progress(fraction: float, message: str) -> None:
-    """A Progress that reports nothing."""
 
 
 class Interrupted(KeyboardInterrupt):

@@ -31,11 +31,11 @@ class CountingRecorder(Recorder):
         super().record(obs)
 
 
-def _run(cfg, recorder=None, prompt=PROMPT, new=NEW, progress=None):
+def _run(cfg, recorder=None, prompt=PROMPT, new=NEW, on_layer=None):
     model = tiny_llama(layers=LAYERS)
     ids = torch.randint(1, 128, (1, prompt), generator=torch.Generator().manual_seed(5))
     model.set_attn_implementation("sketch_walk")
-    with sketch_walk_session(cfg, recorder, progress) as s:
+    with sketch_walk_session(cfg, recorder, on_layer) as s:
         out = greedy(model, ids, new, None)
     return out, s
 
@@ -88,7 +88,7 @@ def test_a_one_token_prompt_is_a_prefill_and_then_decodes():
         rec,
         prompt=1,
         new=3,
-        progress=lambda phase, step, layer: seen.append((phase, step, layer)),
+        on_layer=lambda phase, step, layer: seen.append((phase, step, layer)),
     )
     assert seen[:LAYERS] == [("prefill", 0, i) for i in range(LAYERS)]
     assert seen[LAYERS:] == [("decode", s, i) for s in (1, 2) for i in range(LAYERS)]

@@ -26,7 +26,9 @@ def test_grid_completes_and_writes_the_expected_rows(tiny_model_dir, tmp_path, c
         "--no-png", "--json",
     ]  # fmt: skip
     assert main(argv) == 0
-    printed = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)
+    assert "100/100" in captured.err  # the grid's Progress fractions drove the bar to the end
     with open_store(str(db)) as store:
         df = store.eval_results()
     # 3 (task, source, length) panels x 2 methods x 2 densities, one eval id

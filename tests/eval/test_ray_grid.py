@@ -99,10 +99,10 @@ def test_ray_grid_writes_the_local_runs_rows_to_postgresql(ray_local, grid, pg_u
         eval_id,
         db_url=pg_url,
         extra=GENERATOR,
-        progress=lambda done, total, msg: seen.append((done, total)),
+        progress=lambda fraction, msg: seen.append(fraction),
     )
     assert len(ray_grid.panels(items)) == 3 and len(local) == 12
-    assert seen[-1] == (3, 3)
+    assert seen == [1 / 3, 2 / 3, 1.0]  # one report per finished panel
     assert [(r["task"], r["length"], r["method"], r["density_target"]) for r in rows] == [
         (r["task"], r["length"], r["method"], r["density_target"]) for r in local
     ]  # same rows, same order
