@@ -335,7 +335,8 @@ def _clean_timings(
     from .timing import clean_timings, recording_overhead
 
     out = clean_timings(lm.model, ids, cfg, opts.max_new_tokens, opts.kernel_backend)
-    out.update(recording_overhead({**timings, **out}))
+    if opts.record:  # a run without the recorder has no recording overhead to report
+        out.update(recording_overhead({**timings, **out}))
     return out
 
 
