@@ -133,8 +133,7 @@ class RunRequest:
             model=data.get("model") or None,
             dtype=data.get("dtype") or defaults.get("dtype", "float32"),
             max_new_tokens=data.get("max_new_tokens", 32),
-            # requests from before time_only said "record": false for the same thing
-            time_only=data.get("time_only", not bool(data.get("record", True))),
+            time_only=stored_time_only(data),
             clean_timing=data.get("clean_timing"),
             exact_max_tokens=data.get("exact_max_tokens", defaults.get("exact_max_tokens", 8192)),
             limits=limits or Limits(),
@@ -170,6 +169,14 @@ class RunRequest:
         n_tokens = int(tokenize(lm, self.prompt).shape[1])
         validate_prompt(n_tokens, lm, self.config, self.run_options())
         return n_tokens
+
+
+def stored_time_only(data: Any) -> Any:
+    """The time-only flag of a stored or queued request of any version: `time_only`, or, in
+    requests from before it, `"record": false`. Not checked here (RunRequest checks it)."""
+    if not isinstance(data, dict):
+        return False
+    return data.get("time_only", not bool(data.get("record", True)))
 
 
 def check_prompt(prompt: Any, max_chars: int | None = None) -> str:
