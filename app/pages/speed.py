@@ -33,7 +33,7 @@ def _ms(x: float | None, unit: str = "ms") -> str:
 
 
 def _x(ratio: float | None) -> str:
-    return "–" if ratio is None else f"{ratio:.2f}×"
+    return "–" if ratio is None else f"{ratio:.2f}×" if ratio >= 0.1 else f"{ratio:.2g}×"
 
 
 def _pair_metric(col, pair: speed.Pair, suffix: str = "") -> None:
@@ -70,16 +70,16 @@ own = "Time-only pass (no recorder)" if time_only else "Recorded pass"
 st.subheader(own)
 own_pairs = speed.run_pairs(timings)
 overhead = speed.recording_overhead(timings)
-overall = figures.overall_speedup(pre) if not pre.empty else None
-cols = st.columns(len(own_pairs) + 1 + (len(overhead) > 0))
+cols = st.columns(len(own_pairs) + (not pre.empty) + (len(overhead) > 0))
 for col, pair in zip(cols, own_pairs, strict=False):
     _pair_metric(col, pair, ", time-only pass" if time_only else ", recorded")
-cols[len(own_pairs)].metric(
-    "Attention, sparse layers (per-layer records)",
-    _x(overall),
-    help="Dense attention over the sparse path, summed over the sparse layers' prefill records "
-    "(the chart below).",
-)
+if not pre.empty:
+    cols[len(own_pairs)].metric(
+        "Attention, sparse layers (per-layer records)",
+        _x(figures.overall_speedup(pre)),
+        help="Dense attention over the sparse path, summed over the sparse layers' prefill "
+        "records (the chart below).",
+    )
 if overhead:
     parts = [
         f"{phase} {overhead[f'{phase}_ms']:+.0f} {unit}"
