@@ -19,6 +19,7 @@ import streamlit as st
 
 from sketchwalk import settings as app_settings
 from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.engine.request import stored_time_only
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.store import Store, open_store, resolve_url
 from sketchwalk.text import plain_markdown
@@ -237,6 +238,8 @@ def rerun_request(run: dict[str, Any], **config_changes: Any) -> dict[str, Any]:
             "method",
             "job_id",
             "status",
+            "time_only",
+            "record",
         )
     }
     return make_request(
@@ -245,6 +248,7 @@ def rerun_request(run: dict[str, Any], **config_changes: Any) -> dict[str, Any]:
         model=req.get("model") or run.get("model_id"),
         max_new_tokens=int(req.get("max_new_tokens", 32)),
         dtype=req.get("dtype"),
+        time_only=stored_time_only(req) is True,  # a run stored before time_only said "record"
         **extra,
     )
 

@@ -44,7 +44,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--no-record", action="store_true", help="skip per-layer records (faster)")
+    p.add_argument(
+        "--time-only",
+        action="store_true",
+        help="skip the per-layer records: keep generations, metrics and timings (a clean pass "
+        "included); the app's explorer pages have nothing to draw for such a run",
+    )
+    p.add_argument(  # the name before --time-only, kept so scripts keep working
+        "--no-record", dest="time_only", action="store_true", help=argparse.SUPPRESS
+    )
+    p.add_argument(
+        "--no-clean-timing",
+        action="store_true",
+        help="do not time a clean dense and sparse pass (no recorder) after a recorded run "
+        "(about a third more time on CPU); a time-only run always times one",
+    )
     p.add_argument(
         "--exact-max-tokens",
         type=int,
@@ -73,7 +87,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         model=args.model,
         dtype=args.dtype,
         max_new_tokens=args.max_new_tokens,
-        record=not args.no_record,
+        time_only=args.time_only,
+        clean_timing=False if args.no_clean_timing else None,
         exact_max_tokens=args.exact_max_tokens,
     )
     device = check_device(args.device)
@@ -97,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         bar.close()
         if store is not None:
             store.close()
-    summary = summarize(outcome.result, outcome.run_id)
+    summary = summarize(outcome.result, outcome.run_id, request.time_only)
     if args.json:
         print(json.dumps(summary, default=float))
     else:
@@ -128,10 +143,13 @@ class _progress_bar:
             self.bar.close()
 
 
-def summarize(result, run_id: str | None) -> dict:
+def summarize(result, run_id: str | None, time_only: bool = False) -> dict:
+    from sketchwalk.engine.speed import summary as speed_summary
+
     m = result.metrics
     return {
         "run_id": run_id,
+        "time_only": time_only,
         "model": result.model_id,
         "prompt_tokens": result.prompt_tokens,
         "method": result.method,
@@ -147,6 +165,8 @@ def summarize(result, run_id: str | None) -> dict:
         "gen_common_prefix": m.get("gen_common_prefix"),
         "dense_text": result.dense_text,
         "sparse_text": result.sparse_text,
+        "speed": speed_summary(result.timings, time_only),
+        "layer_records": len(result.layers),
         "timings": {k: round(v, 3) for k, v in result.timings.items()},
     }
 
@@ -166,8 +186,10 @@ def print_human(s: dict) -> None:
         f"quality  KL {f(s['kl_mean'])}  top-1 {f(s['top1_agreement'], '.3f')}  "
         f"ppl {f(s['ppl_dense'], '.2f')} -> {f(s['ppl_sparse'], '.2f')}  generation KL {f(s['gen_kl_mean'])}"
     )
-    t = s["timings"]
-    print(
-        "timings  " + "  ".join(f"{k[:-3]} {v:.0f} ms" for k, v in t.items() if k.endswith("_ms"))
-    )
+    from sketchwalk.engine.speed import lines
+
+    for line in lines(s["timings"], s["time_only"]):
+        print(line)
+    if s["time_only"]:
+        print("time-only run: no per-layer records were kept")
     print("\n--- dense ---\n" + s["dense_text"] + "\n--- sparse ---\n" + s["sparse_text"])

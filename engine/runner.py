@@ -236,7 +236,8 @@ def _run(
     model, tok = lm.model, lm.tokenizer
     eos = tok.eos_token_id
     n_layers = int(model.config.num_hidden_layers)
-    total = 2 * (1 + opts.max_new_tokens)
+    passes = 2 * (1 + opts.max_new_tokens)
+    total = passes + (passes // 2 if opts.clean_timing else 0)  # clean passes: ~ a third more
 
     def report(done: float, msg: str) -> None:
         if progress is not None:
@@ -262,7 +263,7 @@ def _run(
         model.set_attn_implementation("sdpa")
 
     # dense judge of the sparse continuation: per-token KL and likelihood of what sparse wrote
-    report(total, "comparing")
+    report(passes, "comparing")
     parts = LMParts.of(model)
     seq = torch.cat([ids[0].cpu(), torch.tensor(sparse.new_ids, dtype=torch.long)])
     with torch.no_grad():
@@ -295,6 +296,8 @@ def _run(
         dense_decode_ms_per_token=dense.decode_ms / max(len(dense.new_ids) - 1, 1),
         sparse_decode_ms_per_token=sparse.decode_ms / max(len(sparse.new_ids) - 1, 1),
     )
+    if opts.clean_timing:
+        report(passes, "timing a clean pass")
     timings.update(_clean_timings(lm, ids, cfg, opts, timings))
     if recorder is not None:
         dense_attn = [
@@ -334,7 +337,8 @@ def _clean_timings(
     from .timing import clean_timings, recording_overhead
 
     out = clean_timings(lm.model, ids, cfg, opts.max_new_tokens, opts.kernel_backend)
-    out.update(recording_overhead({**timings, **out}))
+    if opts.record:  # a run without the recorder has no recording overhead to report
+        out.update(recording_overhead({**timings, **out}))
     return out
 
 

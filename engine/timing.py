@@ -175,6 +175,10 @@ def clean_timings(
         out["clean_sparse_decode_ms_per_token"] = med(sparse.decode_ms)
         out["clean_dense_decode_attention_ms"] = dense.stages["decode_attention"]
         out["clean_sparse_decode_attention_ms"] = sparse.stages.get("decode_attention", 0.0)
+        per_token = sum(v for k, v in sparse.stages.items() if k.startswith("decode_"))
+        out["clean_sparse_decode_selection_ms"] = (
+            per_token - out["clean_sparse_decode_attention_ms"]
+        )
     return out
 
 

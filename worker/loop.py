@@ -97,10 +97,13 @@ def make_request(
     model: str | None = None,
     max_new_tokens: int = 32,
     dtype: str | None = None,
+    time_only: bool = False,
+    clean_timing: bool | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """The job request the app and the CLI queue: what a worker needs to reproduce the run.
-    Kept as a plain dict (the job's JSON); the worker reads it back as a RunRequest."""
+    Kept as a plain dict (the job's JSON); the worker reads it back as a RunRequest, which
+    checks every value (time_only and clean_timing as RunRequest declares them)."""
     return {
         "prompt": prompt,
         "model": model or None,
@@ -108,6 +111,8 @@ def make_request(
         "method": config.get("method"),
         "config": dict(config),
         "max_new_tokens": int(max_new_tokens),
+        "time_only": time_only,
+        "clean_timing": clean_timing,
         **extra,
     }
 

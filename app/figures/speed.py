@@ -107,6 +107,16 @@ def sweep_figure(points: pd.DataFrame) -> go.Figure:
             line={"color": OKABE_ITO["vermillion"], "dash": "dash"},
         )
     )
+    if "clean_speedup" in p and p["clean_speedup"].notna().any():
+        fig.add_trace(
+            go.Scatter(
+                x=p["density"],
+                y=p["clean_speedup"],
+                name="clean prefill speedup × (whole model)",
+                mode="lines+markers",
+                line={"color": OKABE_ITO["green"]},
+            )
+        )
     fig.update_layout(
         title={"text": "Density sweep: speed and quality"},
         height=360,

@@ -12,6 +12,7 @@ import streamlit as st
 
 from sketchwalk.app import figures, prompts, widgets
 from sketchwalk.engine.records import group_phase, split_phase
+from sketchwalk.engine.request import stored_time_only
 from sketchwalk.store.needle import (
     NeedleNotFound,
     NeedleTrace,
@@ -38,6 +39,18 @@ prompt_tokens = int(run.get("prompt_tokens") or 0)
 
 with st.expander("Prompt (as text)"):
     st.text(run["prompt"])
+
+if stats.empty:  # nothing below can be drawn without per-layer records
+    st.warning(
+        (
+            "This run is time-only: it has no per-layer records, so there is nothing to "
+            "explore layer by layer."
+            if stored_time_only(run.get("request")) is True
+            else "This run has no per-layer records (it was run without recording)."
+        )
+        + " Compare shows its generations and quality, Speed its timings."
+    )
+    st.stop()
 
 # ---- needle: a text in the prompt, followed through every layer and step -------------------
 if st.session_state.get("ex_needle_run") != run_id:  # a pass-key run: follow its key at once
@@ -69,9 +82,6 @@ if needle_text:
 
 # ---- where: phase, step, layer ------------------------------------------------------------
 phases = [p for p in ("prefill", "decode") if (stats["phase"] == p).any()]
-if not phases:
-    st.warning("This run has no per-layer records (it was run without recording).")
-    st.stop()
 c1, c2, c3, c4 = st.columns([1, 1, 1, 1])
 with c1:
     phase = st.radio("Phase", phases, horizontal=True, key="ex_phase")

@@ -12,6 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from sketchwalk.app import figures, widgets
+from sketchwalk.engine.request import stored_time_only
 
 DIFF_KEY = "diff_pair"
 
@@ -46,7 +47,13 @@ keys = ["phase", "step", "layer"]
 common = sa[keys].merge(sb[keys], on=keys)
 common = common[common["phase"] == "prefill"]
 if common.empty:
-    st.warning("The two runs have no prefill layer records in common (were both recorded?).")
+    timed = [x for x, r in (("A", ra), ("B", rb)) if stored_time_only(r.get("request")) is True]
+    st.warning(
+        f"Run {' and '.join(timed)} {'is' if len(timed) == 1 else 'are'} time-only: no per-layer "
+        "records, so no masks to compare."
+        if timed
+        else "The two runs have no prefill layer records in common (were both recorded?)."
+    )
     st.stop()
 layers = sorted(common["layer"].tolist())
 dense_a = set(sa.loc[(sa["phase"] == "prefill") & sa["dense"], "layer"])

@@ -19,6 +19,8 @@ INITIAL = {
     "nr_model": "smollm2",
     "nr_preset": "default",
     "nr_max_new": min(32, limits.max_new_tokens),
+    "nr_time_only": False,
+    "nr_clean_timing": True,
     **knob_widgets.initial_state("default"),
 }
 for _key, _value in INITIAL.items():  # defaults via session state: kept across page switches
@@ -75,6 +77,24 @@ if info is not None:
     st.caption(f"{n_tokens} tokens · limit {limit} tokens for {widgets.short_model(info.model_id)}")
 
 values = knob_widgets.render("basic", columns=3)
+t1, t2 = st.columns(2)
+with t1:
+    time_only = st.checkbox(
+        "Time only (no per-layer records)",
+        key="nr_time_only",
+        help="Faster: keeps the generations, quality metrics, density and timings, but not the "
+        "per-layer records Explore and Mask diff draw. Always times a clean pass.",
+    )
+with t2:
+    clean_timing = st.checkbox(
+        "Also time a clean pass",
+        key="nr_clean_timing",
+        disabled=time_only,
+        help="After the recorded run, one dense and one sparse pass without the recorder: the "
+        "speed your own code would see, and what recording cost (about a third more time on "
+        "CPU). A time-only run always times one.",
+    )
+clean_timing = True if time_only else clean_timing
 with st.expander("Advanced"):
     values.update(knob_widgets.render("advanced", columns=3))
     max_new = st.number_input(
@@ -109,6 +129,8 @@ if n_tokens is not None and info is not None:
                 config=cfg,
                 model=model_id.strip() or None,
                 max_new_tokens=int(max_new),
+                time_only=bool(time_only),
+                clean_timing=bool(clean_timing),
                 limits=Limits.from_settings(limits),
             )
         except RequestError as exc:
@@ -121,7 +143,12 @@ for message in notes:
 
 if st.button("Run", type="primary", disabled=bool(errors or notes), key="btn_run"):
     request = make_request(
-        prompt, cfg.to_dict(), model=(model_id.strip() or None), max_new_tokens=int(max_new)
+        prompt,
+        cfg.to_dict(),
+        model=(model_id.strip() or None),
+        max_new_tokens=int(max_new),
+        time_only=bool(time_only),
+        clean_timing=bool(clean_timing),
     )
     job_id = widgets.submit(store, request)
     st.toast(f"Queued job {job_id[:8]}")

@@ -1,4 +1,6 @@
-"""Speed: stage timings per layer against dense attention, and density sweeps of one prompt."""
+"""Speed: the clean pass's dense/sparse ratios first (what a user's own code would see), the
+run's own passes and the recording overhead beside them, stage timings per layer against dense
+attention, and density sweeps of one prompt. Timings are read through engine/speed.py."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import pandas as pd
 import streamlit as st
 
 from sketchwalk.app import figures, widgets
+from sketchwalk.engine import speed
+from sketchwalk.engine.request import stored_time_only
 
 SWEEP_DENSITIES = (0.05, 0.1, 0.2, 0.3, 0.5)
 
@@ -19,65 +23,93 @@ if run_id is None:
 
 run = widgets.run_meta(url, run_id)
 timings = run.get("timings") or {}
+time_only = stored_time_only(run.get("request")) is True
 stats = widgets.layer_stats(url, run_id)
 pre = stats[stats["phase"] == "prefill"]
-overall = figures.overall_speedup(pre)
 
 
-def _ms(key: str) -> str:
-    v = timings.get(key)
-    return "–" if v is None else f"{v:.0f} ms"
+def _ms(x: float | None, unit: str = "ms") -> str:
+    return "–" if x is None else f"{x:.1f} {unit}" if abs(x) < 10 else f"{x:.0f} {unit}"
 
 
-m = st.columns(4)
-m[0].metric("Dense prefill", _ms("dense_prefill_ms"))
-m[1].metric("Sparse prefill", _ms("sparse_prefill_ms"))
-m[2].metric("Attention speedup (sparse layers)", "–" if overall is None else f"{overall:.2f}×")
-dd, sd = timings.get("dense_decode_ms_per_token"), timings.get("sparse_decode_ms_per_token")
-m[3].metric(
-    "Decode ms/token dense → sparse", "–" if dd is None or sd is None else f"{dd:.0f} → {sd:.0f}"
-)
+def _x(ratio: float | None) -> str:
+    return "–" if ratio is None else f"{ratio:.2f}×" if ratio >= 0.1 else f"{ratio:.2g}×"
 
 
-def _ratio(dense_key: str, sparse_key: str) -> str:
-    d, s_ = timings.get(dense_key), timings.get(sparse_key)
-    return "–" if not d or not s_ else f"{d / s_:.2f}×"
-
-
-st.subheader("Clean pass (no recording)")
-if "clean_sparse_prefill_ms" in timings:
-    c = st.columns(4)
-    c[0].metric(
-        "Prefill dense → sparse",
-        f"{_ms('clean_dense_prefill_ms')} → {_ms('clean_sparse_prefill_ms')}",
-        _ratio("clean_dense_prefill_ms", "clean_sparse_prefill_ms"),
+def _pair_metric(col, pair: speed.Pair, suffix: str = "") -> None:
+    col.metric(
+        pair.label + suffix,
+        _x(pair.ratio),
+        f"dense {_ms(pair.dense_ms, pair.unit)} → sparse {_ms(pair.sparse_ms, pair.unit)}",
         delta_color="off",
+        delta_arrow="off",
+        help="Dense time over sparse time: above 1× the sparse model is faster.",
     )
-    c[1].metric(
-        "Attention alone, prefill",
-        f"{_ms('clean_dense_attention_ms')} → {_ms('clean_sparse_attention_ms')}",
-        _ratio("clean_dense_attention_ms", "clean_sparse_attention_ms"),
-        delta_color="off",
-    )
-    c[2].metric(
-        "Decode ms/token dense → sparse",
-        f"{_ms('clean_dense_decode_ms_per_token')} → {_ms('clean_sparse_decode_ms_per_token')}",
-        _ratio("clean_dense_decode_ms_per_token", "clean_sparse_decode_ms_per_token"),
-        delta_color="off",
-    )
-    c[3].metric("Recording overhead, prefill", _ms("recording_overhead_prefill_ms"))
+
+
+# ---- the headline: a clean pass, what the user's own code would see -------------------------
+st.subheader("Clean pass (no recording): dense ÷ sparse time")
+clean = speed.clean_pairs(timings)
+if clean:
+    for col, pair in zip(st.columns(len(clean)), clean, strict=True):
+        _pair_metric(col, pair)
     st.caption(
-        "A clean pass is what your own code would see: no recorder, last-token logits only, one "
-        "pass each (so expect noise; `sketchwalk bench model` takes medians). The recorded times "
-        "above include copying every layer's estimate and timing dense attention a second time."
+        "What your own code would see: one dense and one sparse pass with no recorder, "
+        "last-token logits only. Attention alone compares the dense model's attention with "
+        "the sparse path's whole cost (sketch, walk and select included), all layers. One pass "
+        "each, so expect noise; `sketchwalk bench model` repeats and takes medians."
     )
 else:
-    st.caption(
-        "This run has no clean-pass timings: the numbers above include the recorder's work. "
-        "Runs made with clean timing on (RunOptions.clean_timing) show the ratio without it."
+    st.info(
+        "This run has no clean-pass timings (stored before they were measured, or with them "
+        "switched off): the times below include the recorder's work."
     )
 
-if pre.empty or pre["dense"].all():
+# ---- beside it: the run's own passes and what recording cost -------------------------------
+own = "Time-only pass (no recorder)" if time_only else "Recorded pass"
+st.subheader(own)
+own_pairs = speed.run_pairs(timings)
+overhead = speed.recording_overhead(timings)
+cols = st.columns(len(own_pairs) + (not pre.empty) + (len(overhead) > 0))
+for col, pair in zip(cols, own_pairs, strict=False):
+    _pair_metric(col, pair, ", time-only pass" if time_only else ", recorded")
+if not pre.empty:
+    cols[len(own_pairs)].metric(
+        "Attention, sparse layers (per-layer records)",
+        _x(figures.overall_speedup(pre)),
+        help="Dense attention over the sparse path, summed over the sparse layers' prefill "
+        "records (the chart below).",
+    )
+if overhead:
+    parts = [
+        f"{phase} {overhead[f'{phase}_ms']:+.0f} {unit}"
+        + (f" ({overhead[f'{phase}_fraction']:+.0%})" if f"{phase}_fraction" in overhead else "")
+        for phase, unit in (("prefill", "ms"), ("decode", "ms/token"))
+        if f"{phase}_ms" in overhead
+    ]
+    cols[-1].metric(
+        "Recording overhead (sparse)",
+        parts[0],
+        " · ".join(parts[1:]) or None,
+        delta_color="off",
+        delta_arrow="off",
+        help="The recorded sparse pass minus the clean one: copying every layer's estimates and "
+        "timing dense attention a second time.",
+    )
+if time_only:
+    st.caption(
+        "A time-only run keeps no recorder, so it has no recording overhead; its own passes "
+        "keep every prompt position's final hidden state for the quality metrics."
+    )
+
+st.subheader("Per layer: dense and sparse attention side by side")
+if pre.empty:
+    st.info(
+        "This run is time-only: it has no per-layer records, so there is no per-layer chart."
+        if time_only
+        else "This run has no per-layer records, so there is no per-layer chart."
+    )
+elif pre["dense"].all():
     st.caption("No sparse prefill layers in this run: nothing to time against dense.")
 else:
     st.plotly_chart(figures.stage_figure(pre), key="speed_stages")
@@ -100,17 +132,21 @@ def sweep_points(runs: pd.DataFrame, run: dict) -> pd.DataFrame:
     for _, r in same.iterrows():
         met = r["metrics"] or {}
         st_ = widgets.layer_stats(url, r["id"])
+        st_ = st_[st_["phase"] == "prefill"]
+        clean_ = speed.clean_pairs(widgets.run_meta(url, r["id"]).get("timings") or {})
         rows.append(
             {
                 "run": r["id"][:8],
                 "target": (r["config"] or {}).get("density"),
                 "density": met.get("density_achieved"),
-                "speedup": figures.overall_speedup(st_[st_["phase"] == "prefill"]),
+                "speedup": figures.overall_speedup(st_) if not st_.empty else None,
+                "clean_speedup": clean_[0].ratio if clean_ else None,
                 "kl": met.get("kl_mean"),
                 "top1": met.get("top1_agreement"),
             }
         )
-    df = pd.DataFrame(rows, columns=["run", "target", "density", "speedup", "kl", "top1"])
+    columns = ["run", "target", "density", "speedup", "clean_speedup", "kl", "top1"]
+    df = pd.DataFrame(rows, columns=columns)
     return df.dropna(subset=["density"]).sort_values("density").reset_index(drop=True)
 
 

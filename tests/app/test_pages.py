@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from run_helpers import INJECTION, new_app, spec, z_array
+from run_helpers import INJECTION, new_app, spec, tiny_config, z_array
 
 from sketchwalk.app import prompts
 from sketchwalk.store import open_store
-from sketchwalk.worker.loop import Worker
+from sketchwalk.worker.loop import Worker, make_request
 
 
 def charts(at) -> dict[str, dict]:
@@ -84,6 +84,11 @@ def test_new_run_validates_submits_and_shows_the_finished_job(fresh_db, tiny_mod
     at.slider(key="nr_density").set_value(0.35).run()
     at.number_input(key="nr_max_new").set_value(3).run()
     assert not at.error and not at.button(key="btn_run").disabled
+    assert at.checkbox(key="nr_clean_timing").value is True  # on unless switched off
+    at.checkbox(key="nr_time_only").check().run()
+    assert at.checkbox(key="nr_clean_timing").disabled  # a time-only run always times one
+    at.checkbox(key="nr_time_only").uncheck().run()
+    at.checkbox(key="nr_clean_timing").uncheck().run()
 
     at.button(key="btn_run").click().run()
     store = open_store(fresh_db)
@@ -93,6 +98,7 @@ def test_new_run_validates_submits_and_shows_the_finished_job(fresh_db, tiny_mod
     assert req["config"]["density"] == 0.35 and req["config"]["dense_layers"] == [0]
     assert req["model"] == tiny_model and req["max_new_tokens"] == 3
     assert req["config"]["query_window"] == 16 and req["config"]["per_group"] is True
+    assert req["time_only"] is False and req["clean_timing"] is False
     assert "queued" in at.get("progress")[0].proto.text
 
     Worker(store, models=models).drain()
@@ -273,15 +279,26 @@ def test_compare_shows_metrics_generations_and_kl(app_env):
     assert {"A", "B"} <= set(at.dataframe[0].value.columns)
 
 
+CLEAN_LABELS = [
+    "Prefill, whole model",
+    "Prefill, attention alone",
+    "Decode, whole model",
+    "Decode, attention alone",
+]
+
+
 def test_speed_shows_stage_times_and_queues_a_sweep(app_env):
     url, ids = app_env
     store = open_store(url)
     rid = ids["sketchwalk"]
     at = on_page(new_app().run(), "speed", rid)
-    metrics = {m.label: m.value for m in at.metric}
-    assert metrics["Dense prefill"].endswith(" ms") and metrics[
-        "Attention speedup (sparse layers)"
-    ].endswith("×")
+    metrics = [(m.label, m.value) for m in at.metric]
+    assert [label for label, _ in metrics[:4]] == CLEAN_LABELS  # the clean pass leads
+    assert all(value.endswith("×") for _, value in metrics[:4])
+    values = dict(metrics)
+    assert values["Prefill, whole model, recorded"].endswith("×")
+    assert values["Attention, sparse layers (per-layer records)"].endswith("×")
+    assert "Recording overhead (sparse)" in values
     fig = charts(at)["Stage time per layer (ms) and speedup over dense"]
     assert [t["name"] for t in fig["data"]][:5] == [
         "sketch",
@@ -296,6 +313,62 @@ def test_speed_shows_stage_times_and_queues_a_sweep(app_env):
     at.button(key="btn_sweep").click().run()
     new = [j for j in store.list_jobs() if j.id not in before]
     assert sorted(j.request["config"]["density"] for j in new) == [0.05, 0.1, 0.3, 0.5]
+
+
+def test_speed_and_explore_of_a_time_only_run(fresh_db, tiny_model, models):
+    with open_store(fresh_db) as store:
+        text = prompts.license_text()[:900]
+        job = store.enqueue_job(make_request(text, tiny_config(), tiny_model, 2, time_only=True))
+        Worker(store, models=models).drain()
+        run_id = store.get_job(job).run_id
+        assert run_id is not None and store.layer_stats(run_id).empty
+    at = on_page(new_app().run(), "speed", run_id)
+    metrics = [(m.label, m.value) for m in at.metric]
+    assert [label for label, _ in metrics[:4]] == CLEAN_LABELS
+    labels = [label for label, _ in metrics]
+    assert "Prefill, whole model, time-only pass" in labels
+    assert "Recording overhead (sparse)" not in labels  # nothing was recorded
+    assert "Stage time per layer (ms) and speedup over dense" not in charts(at)
+    assert any("time-only: it has no per-layer records" in i.value for i in at.info)
+    at = on_page(at, "explore", run_id)
+    assert any("time-only: it has no per-layer records" in w.value for w in at.warning)
+    assert not at.get("plotly_chart")
+    at = on_page(at, "compare", run_id)  # its generations and metrics are all there
+    assert at.metric and at.dataframe
+
+
+def test_speed_of_a_run_stored_before_clean_timings(fresh_db, seeded):
+    """An older run: recorded timings only, a request with no time_only key."""
+    import sqlalchemy as sa
+
+    from sketchwalk.store import jsonio, schema
+
+    src_url, ids = seeded
+    with open_store(src_url) as src:
+        data = src.export_zip([ids["sketchwalk"]])
+    with open_store(fresh_db) as store:
+        (run_id,) = store.import_parquet(data)
+        run = store.get_run(run_id)
+        old_timings = {k: v for k, v in run["timings"].items() if "clean" not in k}
+        old_timings = {k: v for k, v in old_timings.items() if "overhead" not in k}
+        old_request = {
+            k: v for k, v in run["request"].items() if k not in ("time_only", "clean_timing")
+        }
+        with store.engine.begin() as conn:
+            conn.execute(
+                sa.update(schema.runs)
+                .where(schema.runs.c.id == run_id)
+                .values(timings=jsonio.dumps(old_timings), request=jsonio.dumps(old_request))
+            )
+    at = on_page(new_app().run(), "speed", run_id)
+    info = [i.value for i in at.info]
+    assert len(info) == 1 and "no clean-pass timings" in info[0]
+    labels = [m.label for m in at.metric]
+    assert (
+        labels[0] == "Prefill, whole model, recorded"
+        and "Recording overhead (sparse)" not in labels
+    )
+    assert "Stage time per layer (ms) and speedup over dense" in charts(at)
 
 
 def test_runs_table_filters_and_deletes(fresh_db, monkeypatch, seeded):

@@ -45,6 +45,16 @@ def test_run_json_on_tiny_model_is_stored(tiny_model_dir, tmp_path, capsys):
     ):
         assert key in out
     assert out["run_id"] and out["density_target"] == 0.2
+    assert out["time_only"] is False and out["layer_records"] > 0
+    speed = out["speed"]  # a recorded run also times a clean pass, and says what recording cost
+    assert set(speed["clean"]) == {
+        "prefill_whole_model",
+        "prefill_attention_alone",
+        "decode_whole_model",
+        "decode_attention_alone",
+    }
+    assert speed["run_passes_recorded"] is True
+    assert "prefill_ms" in speed["recording_overhead"]
     from sketchwalk.store import open_store
 
     with open_store(str(db)) as store:
@@ -63,6 +73,7 @@ def test_run_json_on_tiny_model_is_stored(tiny_model_dir, tmp_path, capsys):
         (["run", "x", "--sketch-dim", "0"], "sketch dim"),
         (["run", "--prompt-file", "/no/such/file"], "cannot read prompt file"),
         (["run", "hello world", "--block-size", "64"], "larger than the prompt"),
+        (["run", "x", "--time-only", "--no-clean-timing"], "always times a clean pass"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(argv, words, tiny_model_dir, tmp_path, capsys):
@@ -98,3 +109,25 @@ def test_every_knob_has_a_flag_and_presets_are_the_base(capsys):
     assert paper == preset("paper", density=0.3)
     cfg = config_from_args(p.parse_args(["--no-per-group", "--dense-layers", "", "--beta", "0"]))
     assert (cfg.per_group, cfg.dense_layers, cfg.beta) == (False, (), 0.0)
+
+
+@pytest.mark.parametrize("flag", ["--time-only", "--no-record"])
+def test_time_only_stores_the_run_and_its_timings_but_no_layer_records(
+    flag, tiny_model_dir, tmp_path, capsys
+):
+    db = tmp_path / "runs.duckdb"
+    argv = ["run", PROMPT, "--model", str(tiny_model_dir), "--block-size", "16"]
+    rc = main(argv + ["--max-new-tokens", "2", "--db", str(db), flag])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "speed, clean pass (dense -> sparse): prefill whole model" in out
+    assert "speed, time-only pass (no recorder)" in out and "recording overhead" not in out
+    assert "time-only run: no per-layer records were kept" in out
+    from sketchwalk.store import open_store
+
+    with open_store(str(db)) as store:
+        (run_id,) = store.run_ids()
+        run = store.get_run(run_id)
+        assert run["status"] == "done" and run["request"]["time_only"] is True
+        assert store.layer_stats(run_id).empty
+        assert run["timings"]["clean_sparse_prefill_ms"] > 0 and run["sparse_text"] is not None

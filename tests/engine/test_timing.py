@@ -51,3 +51,25 @@ def test_recording_overhead_needs_both_sides():
     assert recording_overhead({"sparse_prefill_ms": 5.0}) == {}
     out = recording_overhead({"sparse_prefill_ms": 5.0, "clean_sparse_prefill_ms": 3.0})
     assert out == {"recording_overhead_prefill_ms": 2.0}
+
+
+def test_a_clean_run_generates_what_a_recorded_run_generates_bit_for_bit(tiny):
+    """The recorder only watches: with it and without it (a time-only run) the sparse pass
+    writes the same tokens with the same log-probabilities, to the last bit."""
+    cfg = SketchWalkConfig(block_size=16, density=0.3)
+    recorded = run(tiny, PROMPT, cfg, RunOptions(max_new_tokens=4))
+    clean = run(tiny, PROMPT, cfg, RunOptions(max_new_tokens=4, record=False, clean_timing=True))
+    assert recorded.layers and not clean.layers
+    t = clean.timings  # timed, but with no recorder there is no recording overhead
+    assert "clean_sparse_prefill_ms" in t and "clean_sparse_decode_selection_ms" in t
+    assert not any(k.startswith("recording_overhead") for k in t)
+
+    def sparse(res):
+        return [
+            (t.position, t.token_id, t.logprob, t.kl) for t in res.tokens if t.variant == "sparse"
+        ]
+
+    assert sparse(recorded) == sparse(clean)
+    assert recorded.sparse_text == clean.sparse_text
+    for key in ("kl_mean", "ppl_sparse", "density_achieved", "density_decode"):
+        assert recorded.metrics[key] == clean.metrics[key], key

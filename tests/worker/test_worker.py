@@ -28,7 +28,9 @@ def test_job_runs_stores_the_run_and_reuses_the_model(store, tiny_model, models)
     w = Worker(store, models=models)
     before = models.loads
     a = store.enqueue_job(make_request(TEXT, tiny_config(), tiny_model, 2))
-    b = store.enqueue_job(make_request(TEXT, tiny_config(density=0.5), tiny_model, 2))
+    b = store.enqueue_job(  # time only: the run and its timings, no per-layer records
+        make_request(TEXT, tiny_config(density=0.5), tiny_model, 2, time_only=True)
+    )
     assert w.drain() == [a, b]
     assert models.loads - before <= 1  # loaded at most once (the session may have it already)
     for job_id in (a, b):
@@ -39,6 +41,12 @@ def test_job_runs_stores_the_run_and_reuses_the_model(store, tiny_model, models)
         assert run["request"]["job_id"] == job_id
     assert store.get_run(store.get_job(b).run_id)["config"]["density"] == 0.5
     assert not store.layer_stats(store.get_job(a).run_id).empty
+    timed = store.get_run(store.get_job(b).run_id)
+    assert timed["request"]["time_only"] is True and store.layer_stats(timed["id"]).empty
+    assert timed["timings"]["clean_sparse_prefill_ms"] > 0 and timed["sparse_text"] is not None
+    assert timed["metrics"]["density_achieved"] is not None and len(store.tokens(timed["id"]))
+    recorded = store.get_run(store.get_job(a).run_id)["timings"]  # clean timing on by default
+    assert "clean_sparse_prefill_ms" in recorded and "recording_overhead_prefill_ms" in recorded
 
 
 @pytest.mark.parametrize(
@@ -49,6 +57,8 @@ def test_job_runs_stores_the_run_and_reuses_the_model(store, tiny_model, models)
         ({"prompt": "   "}, "the prompt is empty"),
         ({"max_new_tokens": 10_000}, "max new tokens must be between 0 and"),
         ({"model": "/nonexistent/model-folder"}, "cannot load model"),
+        ({"time_only": "yes"}, "time only must be true or false"),
+        ({"time_only": True, "clean_timing": False}, "always times a clean pass"),
     ],
 )
 def test_bad_input_fails_the_job_with_one_line_and_stores_no_run(

@@ -1,0 +1,178 @@
+"""What a run's timings say about speed: dense and sparse side by side, clean and recorded.
+
+One reading of the `timings` a run stores (engine/runner.py; the `clean_*` keys come from
+engine/timing.py), shared by `sketchwalk run`'s summary and the app's Speed page so both show
+the same numbers. The clean pass is the headline: no recorder, last-token logits only, what a
+user's own code would see. The run's own passes (recorded, unless the run was time-only) and
+the recording overhead sit beside it. Pure Python: no torch.
+
+"Attention alone" compares the dense model's attention with the sparse path's whole cost,
+selection (sketch, walk, select) included: that is what replacing one by the other saves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Timings = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One measurement, dense beside sparse."""
+
+    phase: str  # "prefill" (ms) or "decode" (ms per token)
+    scope: str  # "whole model" or "attention alone"
+    dense_ms: float | None
+    sparse_ms: float | None
+
+    @property
+    def label(self) -> str:
+        return f"{self.phase.capitalize()}, {self.scope}"
+
+    @property
+    def unit(self) -> str:
+        return "ms" if self.phase == "prefill" else "ms/token"
+
+    @property
+    def ratio(self) -> float | None:
+        """Dense time over sparse time: above 1 the sparse model is faster."""
+        if not self.dense_ms or not self.sparse_ms or self.dense_ms < 0 or self.sparse_ms < 0:
+            return None
+        return self.dense_ms / self.sparse_ms
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {"dense_ms": self.dense_ms, "sparse_ms": self.sparse_ms, "ratio": self.ratio}
+
+
+def _num(t: Timings, key: str) -> float | None:
+    v = t.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _plus(a: float | None, b: float | None) -> float | None:
+    return None if a is None else a + (b or 0.0)
+
+
+def has_clean(t: Timings) -> bool:
+    """Whether the run timed a clean pass (runs stored before that, or with it off, did not)."""
+    return _num(t, "clean_sparse_prefill_ms") is not None
+
+
+def clean_pairs(t: Timings) -> list[Pair]:
+    """Prefill and decode, whole model and attention alone, of the clean pass (empty without)."""
+    if not has_clean(t):
+        return []
+    pairs = [
+        Pair(
+            "prefill",
+            "whole model",
+            _num(t, "clean_dense_prefill_ms"),
+            _num(t, "clean_sparse_prefill_ms"),
+        ),
+        Pair(
+            "prefill",
+            "attention alone",
+            _num(t, "clean_dense_attention_ms"),
+            _plus(_num(t, "clean_sparse_attention_ms"), _num(t, "clean_sparse_selection_ms")),
+        ),
+    ]
+    if _num(t, "clean_sparse_decode_ms_per_token") is not None:  # runs with new tokens
+        pairs += [
+            Pair(
+                "decode",
+                "whole model",
+                _num(t, "clean_dense_decode_ms_per_token"),
+                _num(t, "clean_sparse_decode_ms_per_token"),
+            ),
+            Pair(
+                "decode",
+                "attention alone",
+                _num(t, "clean_dense_decode_attention_ms"),
+                _plus(
+                    _num(t, "clean_sparse_decode_attention_ms"),
+                    _num(t, "clean_sparse_decode_selection_ms"),
+                ),
+            ),
+        ]
+    return pairs
+
+
+def run_pairs(t: Timings) -> list[Pair]:
+    """The run's own dense and sparse passes (with the recorder, unless time-only)."""
+    pairs = [
+        Pair("prefill", "whole model", _num(t, "dense_prefill_ms"), _num(t, "sparse_prefill_ms"))
+    ]
+    if _num(t, "sparse_decode_ms_per_token") is not None:
+        pairs.append(
+            Pair(
+                "decode",
+                "whole model",
+                _num(t, "dense_decode_ms_per_token"),
+                _num(t, "sparse_decode_ms_per_token"),
+            )
+        )
+    return pairs
+
+
+def recording_overhead(t: Timings) -> dict[str, float]:
+    """What the recorder added to the sparse pass: ms (prefill) and ms/token (decode), and each
+    as a fraction of the clean pass. Empty for time-only runs and runs without a clean pass."""
+    out: dict[str, float] = {}
+    for phase, key, clean_key in (
+        ("prefill", "recording_overhead_prefill_ms", "clean_sparse_prefill_ms"),
+        ("decode", "recording_overhead_decode_ms_per_token", "clean_sparse_decode_ms_per_token"),
+    ):
+        extra, clean = _num(t, key), _num(t, clean_key)
+        if extra is None:
+            continue
+        out[f"{phase}_ms"] = extra
+        if clean:
+            out[f"{phase}_fraction"] = extra / clean
+    return out
+
+
+def summary(t: Timings, time_only: bool = False) -> dict[str, Any]:
+    """The JSON a run summary prints: clean pairs (the headline), the run's own passes (recorded
+    unless time-only), the recording overhead."""
+
+    def keyed(pairs: list[Pair]) -> dict[str, dict]:
+        return {f"{p.phase} {p.scope}".replace(" ", "_"): p.as_dict() for p in pairs}
+
+    return {
+        "clean": keyed(clean_pairs(t)) or None,
+        "run_passes": keyed(run_pairs(t)),
+        "run_passes_recorded": not time_only,
+        "recording_overhead": recording_overhead(t) or None,
+    }
+
+
+def lines(t: Timings, time_only: bool = False) -> list[str]:
+    """The same, as the few lines `sketchwalk run` prints."""
+
+    def fmt(p: Pair) -> str:
+        d = "-" if p.dense_ms is None else f"{p.dense_ms:.1f}"
+        s = "-" if p.sparse_ms is None else f"{p.sparse_ms:.1f}"
+        r = "" if p.ratio is None else f" ({p.ratio:.2f}x)"
+        return f"{p.phase} {p.scope} {d} -> {s} {p.unit}{r}"
+
+    out = []
+    clean = clean_pairs(t)
+    if clean:
+        out.append("speed, clean pass (dense -> sparse): " + "; ".join(map(fmt, clean)))
+    else:
+        out.append("speed: no clean-pass timings in this run (the times below include its work)")
+    own = "time-only pass (no recorder)" if time_only else "recorded pass"
+    out.append(f"speed, {own}: " + "; ".join(map(fmt, run_pairs(t))))
+    over = recording_overhead(t)
+    if over:
+        parts = [
+            f"{phase} {over[f'{phase}_ms']:+.1f} {unit}"
+            + (f" ({over[f'{phase}_fraction']:+.0%})" if f"{phase}_fraction" in over else "")
+            for phase, unit in (("prefill", "ms"), ("decode", "ms/token"))
+            if f"{phase}_ms" in over
+        ]
+        out.append("recording overhead (sparse): " + "; ".join(parts))
+    return out
