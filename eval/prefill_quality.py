@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
 
 import torch
 
@@ -22,10 +23,10 @@ from sketchwalk.engine.session import sketch_walk_session
 
 
 @torch.no_grad()
-def evaluate(model, ids: torch.Tensor, configs: list[dict]) -> list[dict]:
+def evaluate(model, ids: torch.Tensor, configs: list[dict]) -> Iterator[dict]:
+    """One row per config, each as soon as it is measured (long runs report as they go)."""
     model.set_attn_implementation("sdpa")
     dense = model(ids).logits[0]
-    rows = []
     model.set_attn_implementation(NAME)
     try:
         for kw in configs:
@@ -33,18 +34,15 @@ def evaluate(model, ids: torch.Tensor, configs: list[dict]) -> list[dict]:
             with sketch_walk_session(preset(knobs.pop("preset", "default"), **knobs)) as s:
                 sparse = model(ids).logits[0]
             m = compare_prompt(dense, sparse, ids[0]).summary()
-            rows.append(
-                {
-                    "tokens": ids.shape[1],
-                    "config": kw,
-                    "density": s.density("prefill"),
-                    "density_all": s.density("prefill", sparse_only=False),
-                    **m,
-                }
-            )
+            yield {
+                "tokens": ids.shape[1],
+                "config": kw,
+                "density": s.density("prefill"),
+                "density_all": s.density("prefill", sparse_only=False),
+                **m,
+            }
     finally:
         model.set_attn_implementation("sdpa")
-    return rows
 
 
 def main() -> None:
