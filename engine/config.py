@@ -15,7 +15,8 @@ from sketchwalk.errors import SketchWalkError
 
 PHASES = ("prefill", "decode", "both")
 BUDGETS = ("layer", "row")
-ESTIMATORS = ("mean", "query")
+ESTIMATORS = ("mean", "query", "sampled")
+TOKEN_ESTIMATORS = ("query", "sampled")  # keep sums of squared keys and score single queries
 
 
 class ConfigError(SketchWalkError):
@@ -165,13 +166,14 @@ class SketchWalkConfig:
         "query",
         "block estimate: 'mean' scores block-mean queries against block-mean keys (the "
         "paper); 'query' scores every sketched query against each key block's mean and "
-        "variance, then averages per query block",
+        "variance, then averages per query block; 'sampled' scores query_samples queries per "
+        "block against every sketched key in prefill (the query estimate in decode)",
         label="Estimator",
         choices=ESTIMATORS,
     )
     query_samples: int = knob(
         0,
-        "token-query estimator: evenly spaced queries scored per block (0 = every query)",
+        "token-level estimators: evenly spaced queries scored per block (0 = every query)",
         label="Estimator queries per block",
         lo=0,
         hi=1 << 16,

@@ -15,7 +15,7 @@ import torch
 from sketchwalk.kernels import block_sparse_attention, tiles_of_rows
 
 from .blockstats import exact_block_mass
-from .config import SketchWalkConfig
+from .config import TOKEN_ESTIMATORS, SketchWalkConfig
 from .methods import ScoreInputs
 from .select import BlockSelection, ForcedRule, select_blocks
 from .sketch import (
@@ -27,6 +27,7 @@ from .sketch import (
     causal_block_softmax,
     key_summary,
     sample_positions,
+    sampled_block_mass,
     token_block_logits,
     token_block_mass,
 )
@@ -85,11 +86,14 @@ def key_span(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @dataclass
 class QueryTokens:
     """Sketched queries [B, H, L, r] at ascending absolute positions pos [L], for the
-    token-query estimator; valid [B, L] marks real ones."""
+    token-level estimators; valid [B, L] marks real ones. keys/key_valid: every sketched key
+    [B, Hkv, Lk, r] and its validity [B, Lk] (the "sampled" estimator in a prefill)."""
 
     qs: torch.Tensor
     valid: torch.Tensor
     pos: torch.Tensor
+    keys: torch.Tensor | None = None
+    key_valid: torch.Tensor | None = None
 
     @classmethod
     def sampled(
@@ -120,9 +124,10 @@ def sketch_blocks(
     q_sum, q_count = block_pool(qs, block_size, valid)
     k_sum, k_count = block_pool(ks, block_size, valid)
     k_sq, _ = block_pool(ks * ks, block_size, valid)
-    return SketchedBlocks(q_sum, q_count, k_sum, k_count, k_sq), QueryTokens.sampled(
-        qs, valid, 0, tokens
-    )
+    qt = QueryTokens.sampled(qs, valid, 0, tokens)
+    if tokens.estimator == "sampled":
+        qt.keys, qt.key_valid = ks, valid
+    return SketchedBlocks(q_sum, q_count, k_sum, k_count, k_sq), qt
 
 
 def transition(
@@ -132,9 +137,17 @@ def transition(
     cfg: SketchWalkConfig,
     tokens: QueryTokens | None = None,
 ) -> torch.Tensor:
-    """A [B, G, rows, n] for the query blocks q_blocks from sketched block sums (or, with the
-    token-query estimator and the rows' sketched queries, from every query)."""
-    if tokens is not None and cfg.estimator == "query":
+    """A [B, G, rows, n] for the query blocks q_blocks from sketched block sums (or, with a
+    token-level estimator and the rows' sketched queries, from every scored query). The
+    "sampled" estimator needs every sketched key (a prefill); without them (decode, queries after
+    a cache) it falls back to the token-query estimate from the block sums."""
+    if tokens is not None and tokens.keys is not None:
+        probs = sampled_block_mass(
+            tokens.qs, tokens.valid, tokens.pos, tokens.keys, tokens.key_valid, cfg.block_size,
+            dim, cfg.tau,
+        )  # fmt: skip
+        return aggregate_heads(probs, cfg.per_group)
+    if tokens is not None and cfg.estimator in TOKEN_ESTIMATORS:
         km, kvar = key_summary(sk.k_sum, sk.k_sq, sk.k_count)
         probs = token_block_mass(
             tokens.qs, tokens.valid, tokens.pos, km, kvar, sk.k_count, cfg.block_size, dim,
@@ -228,7 +241,7 @@ def prefill_plan(
     scale = d**-0.5 if scale is None else scale
     timer = StageTimer(q.device)
     rows = torch.arange(n, device=q.device)
-    tokens = cfg if cfg.estimator == "query" else None
+    tokens = cfg if cfg.estimator in TOKEN_ESTIMATORS else None
     sk, qt = timer.run("sketch", lambda: sketch_blocks(q, k, srht, b, valid, tokens))
     a = timer.run("sketch", lambda: transition(sk, rows, d, cfg, qt))
     if not select:
@@ -364,7 +377,8 @@ def chunk_step(
             sk.k_sq[:, :, j0:] += block_pool(ks * ks, b, new_valid, offset=t0 % b)[0]
         # the token estimator also needs the queries of the chunk's first block that came
         # before it: the decode window holds them when it is at least a block long
-        pre = t0 % b if cfg.estimator == "query" and t0 % b <= st.window.shape[2] else 0
+        token = cfg.estimator in TOKEN_ESTIMATORS
+        pre = t0 % b if token and t0 % b <= st.window.shape[2] else 0
         q_tok = torch.cat([st.window[:, :, st.window.shape[2] - pre :], qs], dim=2)
         v_tok = torch.cat([key_valid[:, t0 - pre : t0], new_valid], dim=1)
         a_rows = transition(sk, rows, d, cfg, QueryTokens.sampled(q_tok, v_tok, t0 - pre, cfg))
@@ -468,7 +482,7 @@ def decode_step(
         decode_absorb(st, q, k_new, lk, cfg, srht, key_valid)
         refresh_rows(st, d, cfg, cur)
         sk = st.sketched
-        if cfg.estimator == "query":
+        if cfg.estimator in TOKEN_ESTIMATORS:
             km, kvar = key_summary(sk.k_sum, sk.k_sq, sk.k_count)
             logits = token_block_logits(st.window, km, kvar, sk.k_count, d, cfg.tau)
         else:

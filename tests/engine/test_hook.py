@@ -188,3 +188,31 @@ def test_query_tiles_run_in_a_model_on_every_backend():
             per_block = model(ids).logits
     assert torch.allclose(outs["cpu"], outs["reference"], atol=2e-5, rtol=1e-4)
     assert not torch.allclose(outs["cpu"], per_block, atol=1e-3)
+
+
+def test_sampled_estimator_runs_prefill_decode_and_chunks():
+    """Prefill scores sampled queries against every key; decode and a later chunk fall back to
+    the token-query estimate from the block sums (no keys kept in the state)."""
+    model = tiny_llama(heads=6, kv_heads=2)
+    ids = torch.randint(1, 128, (1, 400))
+    cfg = SketchWalkConfig(
+        density=0.3, block_size=16, query_block=64, estimator="sampled", query_samples=4,
+        dense_layers=(0,),
+    )  # fmt: skip
+    model.set_attn_implementation("sketch_walk")
+    with torch.no_grad(), sketch_walk_session(cfg) as s:
+        out = model(ids, use_cache=True)
+        assert abs(s.density("prefill") - 0.3) < 0.02
+        cache = out.past_key_values
+        nxt = out.logits[:, -1:].argmax(-1)
+        step = model(nxt, past_key_values=cache, use_cache=True)  # decode
+        chunk = model(torch.randint(1, 128, (1, 40)), past_key_values=step.past_key_values)
+    assert torch.isfinite(step.logits).all() and torch.isfinite(chunk.logits).all()
+    assert s.density("decode") is not None and s.density("decode") < 1.0
+    from sketchwalk.engine.pipeline import prefill_plan
+    from sketchwalk.engine.sketch import make_srht
+
+    q, k = torch.randn(1, 6, 400, 16) * 3, torch.randn(1, 2, 400, 16)
+    srht = make_srht(16, 16, 0, 0)
+    a = {e: prefill_plan(q, k, cfg.with_(estimator=e), srht).a for e in ("sampled", "query")}
+    assert not torch.allclose(a["sampled"], a["query"], atol=1e-3)  # really another estimate

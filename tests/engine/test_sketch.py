@@ -190,3 +190,37 @@ def test_sampled_estimate_is_the_mean_over_the_sampled_queries():
         QueryTokens.sampled(srht(q), valid, 0, cfg.with_(query_samples=0)),
     )
     assert not torch.allclose(sampled, every, atol=1e-4)  # fewer queries: a different estimate
+
+
+@pytest.mark.parametrize("t, b, samples, pad", [(70, 16, 4, 0), (64, 16, 1, 5), (33, 8, 8, 3)])
+def test_sampled_estimator_equals_brute_force_block_mass(t, b, samples, pad):
+    """Per scored query: the exact softmax over the real keys up to it, summed per key block;
+    a row is the mean over its scored real queries."""
+    from sketchwalk.engine.sketch import sample_positions, sampled_block_mass
+
+    torch.manual_seed(t + b)
+    h, hkv, r = 4, 2, 8
+    qs, ks = torch.randn(2, h, t, r) * 2, torch.randn(2, hkv, t, r) * 2
+    valid = torch.ones(2, t, dtype=torch.bool)
+    valid[1, :pad] = False  # left padding in the second sequence
+    pos = sample_positions(t, b, samples)
+    got = sampled_block_mass(qs[:, :, pos], valid[:, pos], pos, ks, valid, b, r, 1.0)
+    n = -(-t // b)
+    want = torch.zeros(2, hkv, h // hkv, n, n)
+    count = torch.zeros(2, n)
+    for bi in range(2):
+        for p in pos.tolist():
+            if not valid[bi, p]:
+                continue
+            count[bi, p // b] += 1
+            for hi in range(h):
+                seen = [j for j in range(p + 1) if valid[bi, j]]
+                logits = torch.stack([qs[bi, hi, p] @ ks[bi, hi // 2, j] for j in seen]) / r**0.5
+                probs = torch.softmax(logits, 0)
+                for j, pr in zip(seen, probs, strict=True):
+                    want[bi, hi // 2, hi % 2, p // b, j // b] += pr
+    want = want / count.clamp(min=1)[:, None, None, :, None]
+    assert torch.allclose(got, want, atol=1e-5)
+    rows = got.sum(-1)  # every scored row is a distribution
+    scored = (count > 0)[:, None, None, :].expand_as(rows)
+    assert torch.allclose(rows[scored], torch.ones(1), atol=1e-5)
