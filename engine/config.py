@@ -97,10 +97,10 @@ class SketchWalkConfig:
         power_of_two=True,
     )
     query_block: int = knob(
-        0,
-        "query tokens that share one block list (a power-of-two multiple of the block size; "
-        "0 = the block size): keys stay in fine blocks while the kernel runs long query "
-        "tiles; needs the layer budget",
+        64,
+        "query tokens that share one block list (a power of two; 0 or anything up to the "
+        "block size = one block): keys stay in fine blocks while the kernel runs long query "
+        "tiles; with the layer budget only",
         label="Query tile",
         lo=0,
         hi=1 << 16,
@@ -163,7 +163,7 @@ class SketchWalkConfig:
         128, "kept coordinates r of the Hadamard sketch", label="Sketch dim r", lo=1, hi=1 << 16
     )
     estimator: str = knob(
-        "query",
+        "sampled",
         "block estimate: 'mean' scores block-mean queries against block-mean keys (the "
         "paper); 'query' scores every sketched query against each key block's mean and "
         "variance, then averages per query block; 'sampled' scores query_samples queries per "
@@ -172,7 +172,7 @@ class SketchWalkConfig:
         choices=ESTIMATORS,
     )
     query_samples: int = knob(
-        0,
+        4,
         "token-level estimators: evenly spaced queries scored per block (0 = every query)",
         label="Estimator queries per block",
         lo=0,
@@ -216,17 +216,16 @@ class SketchWalkConfig:
         """Check every knob against its declaration; one line per problem, the first raised."""
         for f, k in knobs():
             check_value(f.name, k, getattr(self, f.name), f.type)
-        qb, b = self.query_block, self.block_size
-        if qb and (qb < b or qb % b or qb & (qb - 1)):
-            raise ConfigError(
-                f"query block must be 0 or a power-of-two multiple of block size {b}, got {qb}"
-            )
-        if self.rows_per_list > 1 and self.budget != "layer":
-            raise ConfigError("a query block longer than the block size needs budget 'layer'")
+        qb = self.query_block
+        if qb and qb & (qb - 1):
+            raise ConfigError(f"query block must be 0 or a power of two, got {qb}")
 
     @property
     def rows_per_list(self) -> int:
-        """Query blocks that share one list (1 unless query_block > block_size)."""
+        """Query blocks that share one list: query_block / block_size with the layer budget,
+        else 1 (a query block no longer than the block size is the block itself)."""
+        if self.budget != "layer":
+            return 1
         return max(self.query_block // self.block_size, 1)
 
     @property
@@ -321,6 +320,7 @@ LEGACY: dict[str, Any] = {
     "window_blocks": 0,
     "estimator": "mean",
     "query_block": 0,
+    "query_samples": 0,
     "decode_reselect": 1,
 }
 
@@ -331,13 +331,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
     # Speed first: 64-token blocks (the CPU kernel's calls stay long) and the block-mean
     # estimator; per-group lists and one budget per layer as in the default.
-    "fast": {"block_size": 64, "estimator": "mean"},
+    "fast": {"block_size": 64, "query_block": 0, "estimator": "mean", "query_samples": 0},
     # The published configuration (the paper's README defaults), with our explicit density.
     "paper": {
         "block_size": 64,
         "per_group": False,
         "budget": "row",
         "estimator": "mean",
+        "query_block": 0,
+        "query_samples": 0,
         "sink": 0.025,
         "sink_blocks": 0,
         "window": 0.05,

@@ -61,10 +61,8 @@ def test_stored_configs_of_older_versions_keep_their_behaviour():
         ({"sink_blocks": -1}, "sink blocks"),
         ({"per_group": "yes"}, "per group"),
         ({"block_size": 2.0}, "block size"),
-        ({"query_block": 8}, "query block"),
         ({"query_block": 48}, "query block"),
-        ({"query_block": 96, "block_size": 32}, "query block"),
-        ({"query_block": 64, "budget": "row"}, "budget"),
+        ({"query_block": -64}, "query block"),
     ],
 )
 def test_bad_knobs_give_one_line_errors(kw, words):
@@ -84,6 +82,8 @@ def test_round_trip_dict_and_nowalk_switch():
 
 
 def test_query_block_counts_rows_per_list():
-    assert SketchWalkConfig().rows_per_list == 1
+    assert SketchWalkConfig(query_block=0).rows_per_list == 1
     assert SketchWalkConfig(block_size=16, query_block=64).rows_per_list == 4
     assert SketchWalkConfig(block_size=64, query_block=64).rows_per_list == 1
+    assert SketchWalkConfig(block_size=128, query_block=64).rows_per_list == 1
+    assert SketchWalkConfig(block_size=16, query_block=64, budget="row").rows_per_list == 1

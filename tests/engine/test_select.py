@@ -173,9 +173,10 @@ def test_density_is_a_real_knob_with_block_floors(n, density):
     assert abs(sel.density - density) <= 0.02
 
 
-@pytest.mark.parametrize("tokens", [1024, 2048])
+@pytest.mark.parametrize("tokens", [2048])
 def test_default_knobs_meet_the_density_target_in_a_model(tokens):
-    """End to end with the default knobs: every sparse layer lands on the target (+-0.02)."""
+    """End to end with the default knobs: every sparse layer lands on the target (+-0.02) from
+    2k tokens (at 1k the forced blocks of 64-token query tiles alone are ~0.14 of the pairs)."""
     from engine_fixtures import tiny_llama
 
     from sketchwalk.engine.config import SketchWalkConfig
