@@ -8,6 +8,8 @@ pairs, is spread one of two ways:
   compare across rows (row-normalised block masses do).
 - budget "row": one rate for every row, each row keeping max(forced, ceil(rate * candidates)),
   with the rate calibrated so the total lands on the target.
+With query tiles (config query_block), consecutive rows share one list: the layer budget then
+goes to (tile, key block) pairs, each costing the rows that see it (group_budget_keep).
 Either way the achieved density is reported, never assumed.
 """
 

@@ -116,7 +116,7 @@ def test_layer_budget_preview_keeps_the_top_scores_of_the_layer(stored, density)
     rid = ids["sketchwalk"]
     run = store.get_run(rid)
     hm = store.heatmap(rid, "prefill", 0, _sparse_layer(store, rid))
-    config = {**run["config"], "budget": "layer"}
+    config = {**run["config"], "budget": "layer", "query_block": 0}  # one list per block row
     kept = figures.preview_selection(hm["walk"], run["prompt_tokens"], config, density)
     cand, forced = figures.selection_rule(hm["n_blocks"], run["prompt_tokens"], config)
     assert not (kept & ~cand).any() and not (forced & ~kept).any()

@@ -114,12 +114,15 @@ def test_generate_continues_a_cached_turn_like_dense():
 
 @pytest.mark.parametrize("t0", [48, 53])
 def test_chunk_rows_are_the_full_prefill_rows(t0):
-    """Sums, A_l rows and W_l rows (two layers, so the walk carries) equal a full prefill's."""
+    """Sums, A_l rows and W_l rows (two layers, so the walk carries) equal a full prefill's,
+    for the estimators that chunks run (the sampled estimator's chunks use the token-query
+    estimate from the block sums: the state keeps no keys)."""
     gen = torch.Generator().manual_seed(t0)
     bsz, h, hkv, t, d = 2, 6, 2, 150, 32
     cfg = SketchWalkConfig(
-        density=0.4, block_size=16, sketch_dim=16, dense_layers=(), dense_tail_blocks=0
-    )
+        density=0.4, block_size=16, sketch_dim=16, dense_layers=(), dense_tail_blocks=0,
+        estimator="query", query_samples=0, query_block=0,
+    )  # fmt: skip
     b, j0 = cfg.block_size, t0 // cfg.block_size
     valid = torch.ones(bsz, t, dtype=torch.bool)
     prev_full, prev_rows = None, None
