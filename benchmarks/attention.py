@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from sketchwalk.engine.clock import timed
 from sketchwalk.kernels import block_sparse_attention, choose_backend
 
 
@@ -34,19 +34,6 @@ SHAPES = {
     "llama3-8b": Shape("llama3-8b", 32, 8, 128),  # Llama-3.1-8B
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn: Callable[[], object], device: torch.device) -> tuple[object, float]:
-    _sync(device)
-    t0 = time.perf_counter()
-    out = fn()
-    _sync(device)
-    return out, (time.perf_counter() - t0) * 1e3
 
 
 def _flash_attn_2() -> Callable | None:
@@ -98,13 +85,13 @@ def _median_pairs(
         order = order[r % len(order) :] + order[: r % len(order)]
         for which in order:
             if which == "dense":
-                d_ms.append(_timed(dense, device)[1])
+                d_ms.append(timed(dense, device)[1])
             elif which == "sparse":
                 o, k = sparse()
                 o_ms.append(o)
                 k_ms.append(k)
             else:
-                p_ms.append(_timed(peer, device)[1])
+                p_ms.append(timed(peer, device)[1])
     med = statistics.median
     return med(d_ms), med(o_ms), med(k_ms), (med(p_ms) if p_ms else None)
 
@@ -151,7 +138,7 @@ def bench_prefill(
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         fa2(qt, kt, vt, causal=True)
         fa_ms = statistics.median(
-            _timed(lambda: fa2(qt, kt, vt, causal=True), device)[1] for _ in range(repeats)
+            timed(lambda: fa2(qt, kt, vt, causal=True), device)[1] for _ in range(repeats)
         )
     rows = []
     for density in densities:
@@ -163,10 +150,10 @@ def bench_prefill(
         state: dict = {}
 
         def sparse(cfg=cfg, state=state) -> tuple[float, float]:
-            sel, o_ms = _timed(lambda: prefill_selection(q, k, cfg, 5), device)
+            sel, o_ms = timed(lambda: prefill_selection(q, k, cfg, 5), device)
             state["sel"] = sel
             call = lambda: sparse_attention(cfg, sel, q, k, v, backend=backend)  # noqa: E731
-            return o_ms, _timed(call, device)[1]
+            return o_ms, timed(call, device)[1]
 
         def dense() -> object:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -209,7 +196,7 @@ def _flex_peer(q, k, v, cfg, backend, device) -> tuple[Callable[[], object], dic
 
     sel = prefill_selection(q, k, cfg, 5)
     t = q.shape[2]
-    mask, mask_ms = _timed(
+    mask, mask_ms = timed(
         lambda: flex.block_mask(sel.block_index, sel.block_count, cfg.block_size, q.shape[1], t, t),
         device,
     )
@@ -256,7 +243,7 @@ def bench_decode(
 
         def sparse(idx=idx, cnt=cnt, b=b) -> tuple[float, float]:
             call = lambda: block_sparse_attention(q, k, v, idx, cnt, b, backend=backend)  # noqa: E731
-            return 0.0, _timed(call, device)[1]
+            return 0.0, timed(call, device)[1]
 
         def dense() -> object:
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)

@@ -6,8 +6,6 @@ is passed in and returned, never kept here.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +13,7 @@ import torch
 from sketchwalk.kernels import block_sparse_attention, tiles_of_rows
 
 from .blockstats import exact_block_mass
+from .clock import StageTimer
 from .config import TOKEN_ESTIMATORS, SketchWalkConfig
 from .methods import ScoreInputs
 from .select import BlockSelection, ForcedRule, select_blocks
@@ -32,24 +31,6 @@ from .sketch import (
     token_block_mass,
 )
 from .walk import walk, walk_row, walk_rows
-
-
-class StageTimer:
-    """Wall-clock per stage in ms; synchronises CUDA so GPU stages are not under-counted."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.ms: dict[str, float] = {}
-
-    def run(self, stage: str, fn: Callable[[], object]):
-        if self.cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = fn()
-        if self.cuda:
-            torch.cuda.synchronize()
-        self.ms[stage] = self.ms.get(stage, 0.0) + (time.perf_counter() - t0) * 1e3
-        return out
 
 
 @dataclass

@@ -13,7 +13,6 @@ resident memory in its timings (`peak_rss_mb`).
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ import torch
 import sketchwalk
 from sketchwalk.progress import Progress
 
+from .clock import now_ms, timed
 from .config import SketchWalkConfig
 from .hook import NAME
 from .memory import PeakMemory
@@ -131,16 +131,6 @@ class LMParts:
         return self.hidden(self.body(ids, use_cache=False))[0].cpu()
 
 
-def _timed(device: torch.device, fn: Callable[[], object]) -> tuple[object, float]:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return out, (time.perf_counter() - t0) * 1e3
-
-
 @torch.no_grad()
 def greedy(
     model: torch.nn.Module,
@@ -156,7 +146,7 @@ def greedy(
     """
     parts = LMParts.of(model)
     kw = cache_kwarg(parts.body)
-    out, prefill_ms = _timed(ids.device, lambda: parts.body(ids, use_cache=True))
+    out, prefill_ms = timed(lambda: parts.body(ids, use_cache=True), ids.device)
     cache = getattr(out, "cache", None) or out.past_key_values
     hidden = parts.hidden(out)[0]
     prompt_hidden = hidden.cpu()
@@ -164,7 +154,7 @@ def greedy(
     del out, hidden
     new_ids: list[int] = []
     new_logits: list[torch.Tensor] = []
-    t0 = time.perf_counter()
+    t0 = now_ms(ids.device)
     for i in range(max_new):
         nxt = int(logits.argmax())
         new_ids.append(nxt)
@@ -176,9 +166,7 @@ def greedy(
         out = parts.body(torch.tensor([[nxt]], device=ids.device), use_cache=True, **{kw: cache})
         cache = getattr(out, "cache", None) or out.past_key_values
         logits = parts.logits(parts.hidden(out)[0, -1:])[0]
-    if ids.device.type == "cuda":
-        torch.cuda.synchronize()
-    decode_ms = (time.perf_counter() - t0) * 1e3
+    decode_ms = now_ms(ids.device) - t0
     v = logits.shape[-1]
     stacked = torch.stack(new_logits) if new_logits else torch.empty(0, v)
     return Decoded(prompt_hidden, new_ids, stacked, prefill_ms, decode_ms, parts.logits)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ import torch
 
 from sketchwalk.kernels import choose_backend, decode_cache
 
+from .clock import now_ms
 from .config import SketchWalkConfig
 from .dense import dense_attention, key_validity
 from .pipeline import (
@@ -161,9 +161,9 @@ class Session:
         if not sparse:
             timings["dense"] = ms
         elif self.recorder.options.time_dense:
-            t0 = _now(q)
+            t0 = now_ms(q.device)
             dense_attention(q, k, v, mask, scale)
-            timings["dense"] = _now(q) - t0
+            timings["dense"] = now_ms(q.device) - t0
         self.recorder.record(
             LayerStep(
                 phase=phase,
@@ -261,13 +261,13 @@ class Session:
         sel = plan.selection
         all_valid = mask is None or bool(key_valid.all())  # no mask: no padding, no sync
         seq_start = None if all_valid else key_valid.float().argmax(dim=1)
-        t0 = _now(q)
+        t0 = now_ms(q.device)
         out = None
         if phase == "decode" and self.cfg.decode_reselect != 1:
             out = self._decode_gathered(layer, sel, q, k, v, scale, seq_start)
         if out is None:
             out = sparse_attention(self.cfg, sel, q, k, v, scale, seq_start, self.kernel_backend)
-        ms = _now(q) - t0
+        ms = now_ms(q.device) - t0
         self._time("attention", ms)
         self._count(phase, sel.kept, sel.candidates, sparse=True)
         return out, ms
@@ -302,9 +302,9 @@ class Session:
 
     def _dense(self, phase, q, k, v, mask, scale):
         """Dense attention; returns the output and its time in ms."""
-        t0 = _now(q)
+        t0 = now_ms(q.device)
         out = dense_attention(q, k, v, mask, scale)
-        ms = _now(q) - t0
+        ms = now_ms(q.device) - t0
         self._time("attention", ms)
         nq = -(-q.shape[2] // self.cfg.block_size)
         nk = -(-k.shape[2] // self.cfg.block_size)
@@ -319,12 +319,6 @@ def phase_of(past: int, lq: int) -> str:
     if past == 0:
         return "prefill"
     return "decode" if lq == 1 else "chunk"
-
-
-def _now(x: torch.Tensor) -> float:
-    if x.device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() * 1e3
 
 
 _current: contextvars.ContextVar[Session | None] = contextvars.ContextVar(

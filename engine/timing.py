@@ -10,12 +10,12 @@ is what `sketchwalk bench model` times repeatedly, and what a run adds to its su
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from .clock import now_ms, timed
 from .config import SketchWalkConfig
 from .hook import NAME
 from .session import sketch_walk_session
@@ -55,30 +55,22 @@ def one_pass(
     """Prefill then greedy decode; returns prefill ms, per-token decode ms, the first new token."""
     kw = _cache_kw(model)
     keep = {} if all_logits else _keep_kw(model)
-    cuda = ids.device.type == "cuda"
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    sync()
-    t0 = time.perf_counter()
+    dev = ids.device
+    t0 = now_ms(dev)
     out = model(ids, use_cache=True, **keep)
     nxt = int(out.logits[0, -1].argmax())
-    sync()
-    prefill = (time.perf_counter() - t0) * 1e3
+    prefill = now_ms(dev) - t0
     first = nxt
     if after_prefill is not None:
         after_prefill()
     cache = getattr(out, "cache", None) or out.past_key_values
     steps: list[float] = []
     for _ in range(new_tokens):
-        t0 = time.perf_counter()
-        out = model(torch.tensor([[nxt]], device=ids.device), use_cache=True, **{kw: cache})
+        t0 = now_ms(dev)
+        out = model(torch.tensor([[nxt]], device=dev), use_cache=True, **{kw: cache})
         cache = getattr(out, "cache", None) or out.past_key_values
         nxt = int(out.logits[0, -1].argmax())
-        sync()
-        steps.append((time.perf_counter() - t0) * 1e3)
+        steps.append(now_ms(dev) - t0)
     return prefill, steps, first
 
 
@@ -86,14 +78,11 @@ def _timed_sdpa(module, query, key, value, attention_mask, **kwargs):
     """transformers' own SDPA attention, timed: the dense model's attention alone."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    cuda = query.device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    if cuda:
-        torch.cuda.synchronize()
-    _dense_attention_ms[0] += (time.perf_counter() - t0) * 1e3
+    out, ms = timed(
+        lambda: sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs),
+        query.device,
+    )
+    _dense_attention_ms[0] += ms
     return out
 
 
