@@ -17,7 +17,7 @@ from sketchwalk.kernels import block_sparse_attention, tiles_of_rows
 from .blockstats import exact_block_mass
 from .config import TOKEN_ESTIMATORS, SketchWalkConfig
 from .methods import ScoreInputs
-from .select import BlockSelection, ForcedRule, select_blocks
+from .select import BlockSelection, ForcedRule, decode_row_selection, select_blocks
 from .sketch import (
     SRHT,
     aggregate_heads,
@@ -465,11 +465,14 @@ def decode_step(
     exact: torch.Tensor | None = None,
     keys: torch.Tensor | None = None,
     scale: float | None = None,
+    all_valid: bool = False,
 ) -> Plan:
     """One decode token for one layer: update A_l's current row, estimate, walk, select.
 
     q [B, H, 1, d] is the new query; k_new [B, Hkv, 1, d] its key at position lk - 1; keys
-    [B, Hkv, lk, d] all keys (only the baselines that score raw keys read them).
+    [B, Hkv, lk, d] all keys (only the baselines that score raw keys read them). all_valid: the
+    caller knows every key is real (no padding mask), so the sums skip the weighting and the
+    selection takes the one-row fast path (the same lists, fewer ops).
     """
     d = q.shape[-1]
     b = cfg.block_size
@@ -479,7 +482,7 @@ def decode_step(
 
     def update() -> torch.Tensor:
         """Mutates st in place (it belongs to this sequence) and returns the row estimate r."""
-        decode_absorb(st, q, k_new, lk, cfg, srht, key_valid)
+        decode_absorb(st, q, k_new, lk, cfg, srht, None if all_valid else key_valid)
         refresh_rows(st, d, cfg, cur)
         sk = st.sketched
         if cfg.estimator in TOKEN_ESTIMATORS:
@@ -495,12 +498,17 @@ def decode_step(
     r = timer.run("sketch", update)
     s = timer.run("walk", lambda: walk_row(r[:, :, 0], st.a, cfg.effective_beta, cfg.degree))
     s = s.unsqueeze(2)
-    start, end = key_span(key_valid)
 
     def choose() -> BlockSelection:
         rows = torch.tensor([cur], device=q.device)
         x = ScoreInputs(s.shape, q.device, rows, b, r, s, exact, q, keys, key_valid, scale)
-        return choose_blocks(cfg, method_scores(cfg, x), rows, start, end, n, tail=False)
+        scores = method_scores(cfg, x)
+        if all_valid:
+            sel = decode_row_selection(scores, cur, ForcedRule.of(cfg), cfg.density)
+            if sel is not None:
+                return sel
+        start, end = key_span(key_valid)
+        return choose_blocks(cfg, scores, rows, start, end, n, tail=False)
 
     sel = timer.run("select", choose)
     st.selection, st.selected_block, st.steps_since = sel, cur, 0

@@ -250,7 +250,17 @@ class Session:
         else:
             exact = exact if cfg.method_spec.needs_exact else None  # else the recorder's
             plan = decode_step(
-                st, q, k[:, :, -1:], k.shape[2], cfg, srht, key_valid, exact, keys=k, scale=scale
+                st,
+                q,
+                k[:, :, -1:],
+                k.shape[2],
+                cfg,
+                srht,
+                key_valid,
+                exact,
+                keys=k,
+                scale=scale,
+                all_valid=mask is None,
             )
         for stage, ms in plan.timings.items():
             self._time(stage, ms)
