@@ -127,3 +127,33 @@ def test_decode_reselect_is_a_checked_knob_and_older_runs_reselect_every_token()
     assert SketchWalkConfig.from_stored(old).decode_reselect == 0  # a stored value is kept ...
     old.pop("decode_reselect")
     assert SketchWalkConfig.from_stored(old).decode_reselect == 1  # ... a missing one is legacy
+
+
+def test_long_cache_decode_takes_the_fresh_gather_and_matches_the_reference_kernel(monkeypatch):
+    """Re-selecting every token past the masked-cache length: the selection's K/V are gathered
+    in one go (decode_cache.attend_fresh); outputs equal the reference kernel's on the same
+    selections, and the lists equal select_blocks'."""
+    from sketchwalk.engine.session import Session
+    from sketchwalk.kernels import decode_cache
+
+    calls = []
+    fresh = decode_cache.attend_fresh
+    monkeypatch.setattr(
+        decode_cache, "attend_fresh", lambda *a, **kw: calls.append(1) or fresh(*a, **kw)
+    )
+    torch.manual_seed(0)
+    t, steps, d = decode_cache.FRESH_MIN_CACHE + 40, 20, 16
+    q = torch.randn(1, 4, t + steps, d)
+    k, v = torch.randn(1, 2, t + steps, d), torch.randn(1, 2, t + steps, d)
+    cfg = SketchWalkConfig(block_size=16, sketch_dim=8)
+    runs = {}
+    for backend in ("cpu", "reference"):
+        s = Session(cfg, kernel_backend=backend)
+        s.attend(2, q[:, :, :t], k[:, :, :t], v[:, :, :t], None, d**-0.5)
+        outs = []
+        for lk in range(t + 1, t + steps + 1):
+            kk, vv = k[:, :, :lk].contiguous(), v[:, :, :lk].contiguous()
+            outs.append(s.attend(2, q[:, :, lk - 1 : lk], kk, vv, None, d**-0.5))
+        runs[backend] = torch.cat(outs, 2)
+    assert len(calls) == steps
+    torch.testing.assert_close(runs["cpu"], runs["reference"], atol=2e-5, rtol=1e-4)
