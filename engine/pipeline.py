@@ -28,8 +28,9 @@ from .sketch import (
     key_summary,
     sample_positions,
     sampled_block_mass,
-    token_block_logits,
     token_block_mass,
+    token_keys,
+    token_logits,
 )
 from .walk import walk, walk_row, walk_rows
 
@@ -301,6 +302,13 @@ class DecodeLayerState:
     selected_block: int = -1  # ... made while this key block was the current one ...
     steps_since: int = 0  # ... this many tokens ago
     gathered: object | None = None  # its K/V gathered by the kernel (kernels/decode_cache.py)
+    # per key block, what the estimators read from the sums (see key_estimates), in buffers with
+    # room to grow; blocks from est_valid on changed since and are recomputed when next read
+    est_km: torch.Tensor | None = None  # [B, Hkv, cap, r] block-mean keys
+    est_keys: torch.Tensor | None = None  # [B, Hkv, cap, f] token estimator's key side
+    est_valid: int = 0
+    window_buf: torch.Tensor | None = None  # [B, H, 2w, r]: `window` is a view of its live part
+    window_end: int = 0
 
 
 def start_decode(
@@ -308,6 +316,61 @@ def start_decode(
 ) -> DecodeLayerState:
     """Decode state from a prefill layer: its A_l, sums, and the last W sketched queries."""
     return DecodeLayerState(plan.a, plan.sketched, srht(q[:, :, -cfg.query_window :]))
+
+
+def key_estimates(
+    st: DecodeLayerState, d: int, cfg: SketchWalkConfig, n: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Block-mean keys [B, Hkv, n, r] and, for the token estimator, its key side [B, Hkv, n, f]
+    (sketch.token_keys), as views of per-layer buffers. A decode token changes one block's sums,
+    so only the blocks whose sums changed since the last call are recomputed, elementwise per
+    block: the same values a full recomputation gives, without redoing all n blocks each step."""
+    sk = st.sketched
+    tok = cfg.estimator in TOKEN_ESTIMATORS
+    km, keys = st.est_km, st.est_keys
+    if km is None or km.shape[2] < n:  # grow with room for the next blocks
+        bsz, hkv, _, r = sk.k_sum.shape
+        cap, v = n + max(64, n // 4), 0 if km is None else st.est_valid
+        grown = sk.k_sum.new_empty(bsz, hkv, cap, r)
+        if v:
+            grown[:, :, :v] = km[:, :, :v]
+        st.est_km, km = grown, grown
+        if tok:
+            f = r + (r if sk.k_sq is not None else 0) + 1
+            grown = sk.k_sum.new_empty(bsz, hkv, cap, f)
+            if v:
+                grown[:, :, :v] = keys[:, :, :v]
+            st.est_keys, keys = grown, grown
+        st.est_valid = v
+    v = st.est_valid
+    if v < n:
+        k_sq = sk.k_sq[:, :, v:n] if tok and sk.k_sq is not None else None
+        mean, var = key_summary(sk.k_sum[:, :, v:n], k_sq, sk.k_count[:, v:n])
+        km[:, :, v:n] = mean
+        if tok:
+            keys[:, :, v:n] = token_keys(mean, var, sk.k_count[:, v:n], d, cfg.tau)
+        st.est_valid = n
+    return km[:, :, :n], keys[:, :, :n] if tok else None
+
+
+def _window_push(st: DecodeLayerState, qs: torch.Tensor, w: int) -> None:
+    """Append one sketched query [B, H, 1, r] to the window of the last w: a buffer of 2w slots
+    that moves its last w - 1 queries to the front once every w + 1 tokens (the cat it replaces
+    copied the whole window every token); the window is the same tensor values in the same order."""
+    buf, end = st.window_buf, st.window_end
+    if buf is None:  # first token after a prefill or chunk: take the window over
+        have = st.window.shape[2]
+        buf = qs.new_empty(qs.shape[0], qs.shape[1], 2 * max(w, 1), qs.shape[3])
+        buf[:, :, :have] = st.window
+        st.window_buf, end = buf, have
+    if end == buf.shape[2]:
+        keep = min(w - 1, st.window.shape[2])
+        buf[:, :, :keep] = buf[:, :, end - keep : end]
+        end = keep
+    buf[:, :, end] = qs[:, :, 0]
+    end += 1
+    st.window_end = end
+    st.window = buf[:, :, max(end - w, 0) : end]
 
 
 def _grow(x: torch.Tensor, dims: tuple[int, ...], n: int) -> torch.Tensor:
@@ -369,6 +432,7 @@ def chunk_step(
         q_sum, q_count = block_pool(qs, b, new_valid, offset=t0 % b)  # blocks j0 .. n-1
         ks = srht(k_new)
         k_sum, k_count = block_pool(ks, b, new_valid, offset=t0 % b)
+        st.est_valid = min(st.est_valid, j0)  # these blocks' sums change
         sk.q_sum[:, :, j0:] += q_sum
         sk.k_sum[:, :, j0:] += k_sum
         sk.q_count[:, j0:] += q_count
@@ -384,6 +448,7 @@ def chunk_step(
         a_rows = transition(sk, rows, d, cfg, QueryTokens.sampled(q_tok, v_tok, t0 - pre, cfg))
         st.a[:, :, rows] = a_rows
         st.window = torch.cat([st.window, qs], dim=2)[:, :, -cfg.query_window :]
+        st.window_buf = None  # the next decode token starts a new buffer from this window
         return a_rows, q_count > 0  # rows holding the chunk's real queries
 
     a_rows, real_rows = timer.run("sketch", update)
@@ -438,19 +503,32 @@ def decode_absorb(
         sk.k_count[:, cur] += new_valid[:, 0]
         if sk.k_sq is not None:
             sk.k_sq[:, :, cur] += ks[:, :, 0] ** 2 * new_valid[:, :, None]
-    keep = max(st.window.shape[2] - cfg.query_window + 1, 0)  # never copy more than the window
-    st.window = torch.cat([st.window[:, :, keep:], qs], dim=2)
+    st.est_valid = min(st.est_valid, cur)
+    _window_push(st, qs, cfg.query_window)
     st.stale_from = cur if st.stale_from is None else min(st.stale_from, cur)
     return qs
 
 
-def refresh_rows(st: DecodeLayerState, d: int, cfg: SketchWalkConfig, cur: int) -> None:
-    """Recompute the stale rows of A_l (up to the current block) from the block sums."""
+def refresh_rows(
+    st: DecodeLayerState, d: int, cfg: SketchWalkConfig, cur: int, all_valid: bool = False
+) -> None:
+    """Recompute the stale rows of A_l (up to the current block) from the block sums: the mean
+    estimator's rows (transition without tokens), one at a time, bit-equal to per-step updates.
+    all_valid: every key is real, so the last row sees every block and needs no mask."""
     if st.stale_from is None:
         return
-    for row in range(st.stale_from, cur + 1):  # one at a time: bit-equal to per-step updates
-        rows = torch.tensor([row], device=st.a.device)
-        st.a[:, :, row] = transition(st.sketched, rows, d, cfg)[:, :, 0]  # running average
+    sk = st.sketched
+    n = st.a.shape[-1]
+    km, _ = key_estimates(st, d, cfg, n)
+    for row in range(st.stale_from, cur + 1):
+        qm = block_means(sk.q_sum[:, :, row : row + 1], sk.q_count[:, row : row + 1])
+        logits = block_logits(qm, km, d, cfg.tau)
+        if all_valid and row == n - 1:
+            probs = torch.softmax(logits, dim=-1)  # nothing to mask: the same values
+        else:
+            rows = torch.tensor([row], device=st.a.device)
+            probs = causal_block_softmax(logits, sk.k_count > 0, rows)
+        st.a[:, :, row] = aggregate_heads(probs, cfg.per_group)[:, :, 0]  # running average
     st.stale_from = None
 
 
@@ -483,16 +561,18 @@ def decode_step(
     def update() -> torch.Tensor:
         """Mutates st in place (it belongs to this sequence) and returns the row estimate r."""
         decode_absorb(st, q, k_new, lk, cfg, srht, None if all_valid else key_valid)
-        refresh_rows(st, d, cfg, cur)
+        refresh_rows(st, d, cfg, cur, all_valid)
         sk = st.sketched
-        if cfg.estimator in TOKEN_ESTIMATORS:
-            km, kvar = key_summary(sk.k_sum, sk.k_sq, sk.k_count)
-            logits = token_block_logits(st.window, km, kvar, sk.k_count, d, cfg.tau)
+        km, keys = key_estimates(st, d, cfg, n)
+        if keys is not None:
+            logits = token_logits(st.window, keys, sk.k_sq is not None)
         else:
-            km = block_means(sk.k_sum, sk.k_count)
             logits = block_logits(st.window, km, d, cfg.tau)  # [B,Hkv,Gh,w,n]
-        rows_cur = torch.full((st.window.shape[2],), cur, device=q.device)
-        probs = causal_block_softmax(logits, sk.k_count > 0, rows_cur)
+        if all_valid:  # the current row sees every block and every block holds keys
+            probs = torch.softmax(logits, dim=-1)
+        else:
+            rows_cur = torch.full((st.window.shape[2],), cur, device=q.device)
+            probs = causal_block_softmax(logits, sk.k_count > 0, rows_cur)
         return aggregate_heads(probs.sum(3, keepdim=True), cfg.per_group)  # [B,G,1,n]
 
     r = timer.run("sketch", update)

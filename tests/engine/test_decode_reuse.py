@@ -157,3 +157,45 @@ def test_long_cache_decode_takes_the_fresh_gather_and_matches_the_reference_kern
         runs[backend] = torch.cat(outs, 2)
     assert len(calls) == steps
     torch.testing.assert_close(runs["cpu"], runs["reference"], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("window", [1, 5, 32])
+def test_window_ring_and_block_estimates_equal_their_full_recomputation(window):
+    """The decode state's incremental parts: the query window (a 2w ring of views) equals the
+    cat of the last w sketched queries, and the cached per-block key estimates equal a full
+    recomputation from the sums, bit for bit, across block starts, reused steps and a chunk."""
+    from sketchwalk.engine.pipeline import chunk_step, key_estimates
+    from sketchwalk.engine.sketch import key_summary, token_keys
+
+    torch.manual_seed(window)
+    d, t, block = 16, 70, 16
+    cfg = SketchWalkConfig(block_size=block, density=0.3, query_window=window, sketch_dim=8)
+    q, k = torch.randn(1, 4, t + 120, d), torch.randn(1, 2, t + 120, d)
+    srht = make_srht(d, cfg.sketch_dim, 0, 3)
+    st = start_decode(prefill_plan(q[:, :, :t], k[:, :, :t], cfg, srht), q[:, :, :t], srht, cfg)
+    want = srht(q[:, :, :t])[:, :, -window:]
+    lk = t
+    while lk < t + 110:
+        if lk == t + 50:  # a chunk of 7 queries after some decode steps
+            valid = torch.ones(1, lk + 7, dtype=torch.bool)
+            chunk_step(
+                st, q[:, :, lk : lk + 7], k[:, :, lk : lk + 7], lk + 7, cfg, srht, valid, None
+            )
+            want = torch.cat([want, srht(q[:, :, lk : lk + 7])], 2)[:, :, -window:]
+            lk += 7
+            continue
+        lk += 1
+        qn, kn = q[:, :, lk - 1 : lk], k[:, :, lk - 1 : lk]
+        valid = torch.ones(1, lk, dtype=torch.bool)
+        if reusable(st, lk, cfg, 3):
+            decode_reuse(st, qn, kn, lk, cfg, srht, valid)
+        else:
+            decode_step(st, qn, kn, lk, cfg, srht, valid, all_valid=lk % 2 == 0)
+        want = torch.cat([want, srht(qn)], 2)[:, :, -window:]
+        assert torch.equal(st.window, want)
+        sk = st.sketched
+        n = sk.k_sum.shape[2]
+        km, keys = key_estimates(st, d, cfg, n)
+        mean, var = key_summary(sk.k_sum, sk.k_sq, sk.k_count)
+        assert torch.equal(km, mean)
+        assert torch.equal(keys, token_keys(mean, var, sk.k_count, d, cfg.tau))
