@@ -488,13 +488,14 @@ def decode_absorb(
     _grow_state(st, cur + 1)
     sk = st.sketched
     qs, ks = srht(q), srht(k_new)  # [B,H,1,r], [B,Hkv,1,r]
-    if key_valid is None:
-        sk.q_sum[:, :, cur] += qs[:, :, 0]
-        sk.k_sum[:, :, cur] += ks[:, :, 0]
-        sk.q_count[:, cur] += 1.0
-        sk.k_count[:, cur] += 1.0
+    if key_valid is None:  # in place on views: `x[i] += y` would also copy the slice back
+        q_tok, k_tok = qs.select(2, 0), ks.select(2, 0)
+        sk.q_sum.select(2, cur).add_(q_tok)
+        sk.k_sum.select(2, cur).add_(k_tok)
+        sk.q_count.select(1, cur).add_(1.0)
+        sk.k_count.select(1, cur).add_(1.0)
         if sk.k_sq is not None:
-            sk.k_sq[:, :, cur] += ks[:, :, 0] ** 2
+            sk.k_sq.select(2, cur).add_(k_tok**2)
     else:
         new_valid = key_valid[:, -1:].float()  # [B, 1]
         sk.q_sum[:, :, cur] += qs[:, :, 0] * new_valid[:, :, None]
