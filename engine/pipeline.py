@@ -25,6 +25,7 @@ from .sketch import (
     block_means,
     block_pool,
     causal_block_softmax,
+    group_queries,
     key_summary,
     sample_positions,
     sampled_block_mass,
@@ -309,6 +310,10 @@ class DecodeLayerState:
     est_valid: int = 0
     window_buf: torch.Tensor | None = None  # [B, H, 2w, r]: `window` is a view of its live part
     window_end: int = 0
+    window_block: list[int] = field(default_factory=list)  # per slot: its query's own block
+    # token estimator: the window's logits against every key block, per slot (window_logits)
+    logits_buf: torch.Tensor | None = None  # [B, Hkv, H/Hkv, 2w, cap]
+    logit_rows: int = 0  # slots below this hold their row (the blocks before their own)
 
 
 def start_decode(
@@ -353,24 +358,77 @@ def key_estimates(
     return km[:, :, :n], keys[:, :, :n] if tok else None
 
 
-def _window_push(st: DecodeLayerState, qs: torch.Tensor, w: int) -> None:
-    """Append one sketched query [B, H, 1, r] to the window of the last w: a buffer of 2w slots
-    that moves its last w - 1 queries to the front once every w + 1 tokens (the cat it replaces
-    copied the whole window every token); the window is the same tensor values in the same order."""
+def _window_push(st: DecodeLayerState, qs: torch.Tensor, w: int, lk: int, b: int) -> None:
+    """Append one sketched query [B, H, 1, r] (position lk - 1) to the window of the last w: a
+    buffer of 2w slots that moves its last w - 1 queries to the front once every w + 1 tokens
+    (the cat it replaces copied the whole window every token); the window is the same tensor
+    values in the same order. The window's logit rows (window_logits) move with their slots."""
     buf, end = st.window_buf, st.window_end
     if buf is None:  # first token after a prefill or chunk: take the window over
         have = st.window.shape[2]
         buf = qs.new_empty(qs.shape[0], qs.shape[1], 2 * max(w, 1), qs.shape[3])
         buf[:, :, :have] = st.window
         st.window_buf, end = buf, have
+        st.window_block = [(lk - 1 - have + i) // b for i in range(have)] + [0] * (2 * w - have)
+        st.logits_buf, st.logit_rows = None, 0
     if end == buf.shape[2]:
         keep = min(w - 1, st.window.shape[2])
         buf[:, :, :keep] = buf[:, :, end - keep : end]
+        st.window_block[:keep] = st.window_block[end - keep : end]
+        if st.logits_buf is not None:
+            st.logits_buf[:, :, :, :keep] = st.logits_buf[:, :, :, end - keep : end]
+        st.logit_rows = max(st.logit_rows - (end - keep), 0)
         end = keep
     buf[:, :, end] = qs[:, :, 0]
+    st.window_block[end] = (lk - 1) // b
     end += 1
     st.window_end = end
     st.window = buf[:, :, max(end - w, 0) : end]
+
+
+def window_logits(st: DecodeLayerState, keys: torch.Tensor, squares: bool) -> torch.Tensor:
+    """The token estimator's logits [B, Hkv, H/Hkv, w, n] of the decode window against the key
+    side `keys` [B, Hkv, n, f] of every block (sketch.token_logits), kept per window slot.
+
+    A query's logits against the blocks before its own never change (those blocks are final), so
+    each slot's row over them is one product when the query first needs it; the blocks from the
+    oldest window query's own block on (two or three of them) are recomputed for the whole window
+    as an elementwise product and sum, where a query's own and later blocks take the new values.
+    Every value is thus made by the same op of the same shape whichever steps ran before (a
+    fresh selection after reused steps equals an every-step one bit for bit), and the window no
+    longer multiplies against all n blocks each token (w x n x f per head: at 7376 tokens and
+    w = 32 four times the FLOPs of dense attention itself)."""
+    buf, end = st.window_buf, st.window_end
+    w = st.window.shape[2]
+    start = end - w
+    bsz, hkv, n, f = keys.shape
+    gh = buf.shape[1] // hkv
+    lg = st.logits_buf
+    if lg is None or lg.shape[-1] < n:
+        grown = keys.new_empty(bsz, hkv, gh, buf.shape[2], n + max(64, n // 4))
+        if lg is not None:
+            grown[..., : lg.shape[-1]] = lg
+        else:
+            st.logit_rows = 0
+        st.logits_buf = lg = grown
+    blocks = st.window_block
+    for slot in range(max(st.logit_rows, start), end):  # rows over the blocks before their own
+        a = blocks[slot]
+        if a > 0:
+            lg[:, :, :, slot : slot + 1, :a] = token_logits(
+                buf[:, :, slot : slot + 1], keys[:, :, :a], squares
+            )
+    st.logit_rows = end
+    a_min = min(blocks[start:end])
+    qg = group_queries(st.window, hkv)  # [B, Hkv, G, w, r]
+    ones = torch.ones(*qg.shape[:-1], 1, device=qg.device, dtype=qg.dtype)
+    qf = torch.cat([qg, *([qg * qg] if squares else []), ones], -1)
+    tail = (qf.unsqueeze(-2) * keys[:, :, None, None, a_min:n]).sum(-1)  # [B, Hkv, G, w, m]
+    own = torch.tensor(blocks[start:end], device=keys.device)
+    cols = torch.arange(a_min, n, device=keys.device)
+    live = lg[:, :, :, start:end, a_min:n]
+    live.copy_(torch.where(cols[None, :] >= own[:, None], tail, live))
+    return lg[:, :, :, start:end, :n]
 
 
 def _grow(x: torch.Tensor, dims: tuple[int, ...], n: int) -> torch.Tensor:
@@ -505,7 +563,7 @@ def decode_absorb(
         if sk.k_sq is not None:
             sk.k_sq[:, :, cur] += ks[:, :, 0] ** 2 * new_valid[:, :, None]
     st.est_valid = min(st.est_valid, cur)
-    _window_push(st, qs, cfg.query_window)
+    _window_push(st, qs, cfg.query_window, lk, b)
     st.stale_from = cur if st.stale_from is None else min(st.stale_from, cur)
     return qs
 
@@ -566,7 +624,7 @@ def decode_step(
         sk = st.sketched
         km, keys = key_estimates(st, d, cfg, n)
         if keys is not None:
-            logits = token_logits(st.window, keys, sk.k_sq is not None)
+            logits = window_logits(st, keys, sk.k_sq is not None)
         else:
             logits = block_logits(st.window, km, d, cfg.tau)  # [B,Hkv,Gh,w,n]
         if all_valid:  # the current row sees every block and every block holds keys

@@ -163,9 +163,10 @@ def test_long_cache_decode_takes_the_fresh_gather_and_matches_the_reference_kern
 def test_window_ring_and_block_estimates_equal_their_full_recomputation(window):
     """The decode state's incremental parts: the query window (a 2w ring of views) equals the
     cat of the last w sketched queries, and the cached per-block key estimates equal a full
-    recomputation from the sums, bit for bit, across block starts, reused steps and a chunk."""
-    from sketchwalk.engine.pipeline import chunk_step, key_estimates
-    from sketchwalk.engine.sketch import key_summary, token_keys
+    recomputation from the sums, bit for bit, across block starts, reused steps and a chunk; the
+    window's kept logits equal one product against every block (float noise: other ops)."""
+    from sketchwalk.engine.pipeline import chunk_step, key_estimates, window_logits
+    from sketchwalk.engine.sketch import key_summary, token_keys, token_logits
 
     torch.manual_seed(window)
     d, t, block = 16, 70, 16
@@ -199,3 +200,7 @@ def test_window_ring_and_block_estimates_equal_their_full_recomputation(window):
         mean, var = key_summary(sk.k_sum, sk.k_sq, sk.k_count)
         assert torch.equal(km, mean)
         assert torch.equal(keys, token_keys(mean, var, sk.k_count, d, cfg.tau))
+        # the window's logits kept per slot: those of one product against every block
+        torch.testing.assert_close(
+            window_logits(st, keys, True), token_logits(st.window, keys, True), atol=1e-5, rtol=1e-5
+        )
