@@ -16,7 +16,7 @@ from .blockstats import exact_block_mass
 from .clock import StageTimer
 from .config import TOKEN_ESTIMATORS, SketchWalkConfig
 from .methods import ScoreInputs
-from .select import BlockSelection, ForcedRule, select_blocks
+from .select import BlockSelection, ForcedRule, decode_row_selection, select_blocks
 from .sketch import (
     SRHT,
     aggregate_heads,
@@ -24,11 +24,13 @@ from .sketch import (
     block_means,
     block_pool,
     causal_block_softmax,
+    group_queries,
     key_summary,
     sample_positions,
     sampled_block_mass,
-    token_block_logits,
     token_block_mass,
+    token_keys,
+    token_logits,
 )
 from .walk import walk, walk_row, walk_rows
 
@@ -282,6 +284,17 @@ class DecodeLayerState:
     selected_block: int = -1  # ... made while this key block was the current one ...
     steps_since: int = 0  # ... this many tokens ago
     gathered: object | None = None  # its K/V gathered by the kernel (kernels/decode_cache.py)
+    # per key block, what the estimators read from the sums (see key_estimates), in buffers with
+    # room to grow; blocks from est_valid on changed since and are recomputed when next read
+    est_km: torch.Tensor | None = None  # [B, Hkv, cap, r] block-mean keys
+    est_keys: torch.Tensor | None = None  # [B, Hkv, cap, f] token estimator's key side
+    est_valid: int = 0
+    window_buf: torch.Tensor | None = None  # [B, H, 2w, r]: `window` is a view of its live part
+    window_end: int = 0
+    window_block: list[int] = field(default_factory=list)  # per slot: its query's own block
+    # token estimator: the window's logits against every key block, per slot (window_logits)
+    logits_buf: torch.Tensor | None = None  # [B, Hkv, H/Hkv, 2w, cap]
+    logit_rows: int = 0  # slots below this hold their row (the blocks before their own)
 
 
 def start_decode(
@@ -289,6 +302,114 @@ def start_decode(
 ) -> DecodeLayerState:
     """Decode state from a prefill layer: its A_l, sums, and the last W sketched queries."""
     return DecodeLayerState(plan.a, plan.sketched, srht(q[:, :, -cfg.query_window :]))
+
+
+def key_estimates(
+    st: DecodeLayerState, d: int, cfg: SketchWalkConfig, n: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Block-mean keys [B, Hkv, n, r] and, for the token estimator, its key side [B, Hkv, n, f]
+    (sketch.token_keys), as views of per-layer buffers. A decode token changes one block's sums,
+    so only the blocks whose sums changed since the last call are recomputed, elementwise per
+    block: the same values a full recomputation gives, without redoing all n blocks each step."""
+    sk = st.sketched
+    tok = cfg.estimator in TOKEN_ESTIMATORS
+    km, keys = st.est_km, st.est_keys
+    if km is None or km.shape[2] < n:  # grow with room for the next blocks
+        bsz, hkv, _, r = sk.k_sum.shape
+        cap, v = n + max(64, n // 4), 0 if km is None else st.est_valid
+        grown = sk.k_sum.new_empty(bsz, hkv, cap, r)
+        if v:
+            grown[:, :, :v] = km[:, :, :v]
+        st.est_km, km = grown, grown
+        if tok:
+            f = r + (r if sk.k_sq is not None else 0) + 1
+            grown = sk.k_sum.new_empty(bsz, hkv, cap, f)
+            if v:
+                grown[:, :, :v] = keys[:, :, :v]
+            st.est_keys, keys = grown, grown
+        st.est_valid = v
+    v = st.est_valid
+    if v < n:
+        k_sq = sk.k_sq[:, :, v:n] if tok and sk.k_sq is not None else None
+        mean, var = key_summary(sk.k_sum[:, :, v:n], k_sq, sk.k_count[:, v:n])
+        km[:, :, v:n] = mean
+        if tok:
+            keys[:, :, v:n] = token_keys(mean, var, sk.k_count[:, v:n], d, cfg.tau)
+        st.est_valid = n
+    return km[:, :, :n], keys[:, :, :n] if tok else None
+
+
+def _window_push(st: DecodeLayerState, qs: torch.Tensor, w: int, lk: int, b: int) -> None:
+    """Append one sketched query [B, H, 1, r] (position lk - 1) to the window of the last w: a
+    buffer of 2w slots that moves its last w - 1 queries to the front once every w + 1 tokens
+    (the cat it replaces copied the whole window every token); the window is the same tensor
+    values in the same order. The window's logit rows (window_logits) move with their slots."""
+    buf, end = st.window_buf, st.window_end
+    if buf is None:  # first token after a prefill or chunk: take the window over
+        have = st.window.shape[2]
+        buf = qs.new_empty(qs.shape[0], qs.shape[1], 2 * max(w, 1), qs.shape[3])
+        buf[:, :, :have] = st.window
+        st.window_buf, end = buf, have
+        st.window_block = [(lk - 1 - have + i) // b for i in range(have)] + [0] * (2 * w - have)
+        st.logits_buf, st.logit_rows = None, 0
+    if end == buf.shape[2]:
+        keep = min(w - 1, st.window.shape[2])
+        buf[:, :, :keep] = buf[:, :, end - keep : end]
+        st.window_block[:keep] = st.window_block[end - keep : end]
+        if st.logits_buf is not None:
+            st.logits_buf[:, :, :, :keep] = st.logits_buf[:, :, :, end - keep : end]
+        st.logit_rows = max(st.logit_rows - (end - keep), 0)
+        end = keep
+    buf[:, :, end] = qs[:, :, 0]
+    st.window_block[end] = (lk - 1) // b
+    end += 1
+    st.window_end = end
+    st.window = buf[:, :, max(end - w, 0) : end]
+
+
+def window_logits(st: DecodeLayerState, keys: torch.Tensor, squares: bool) -> torch.Tensor:
+    """The token estimator's logits [B, Hkv, H/Hkv, w, n] of the decode window against the key
+    side `keys` [B, Hkv, n, f] of every block (sketch.token_logits), kept per window slot.
+
+    A query's logits against the blocks before its own never change (those blocks are final), so
+    each slot's row over them is one product when the query first needs it; the blocks from the
+    oldest window query's own block on (two or three of them) are recomputed for the whole window
+    as an elementwise product and sum, where a query's own and later blocks take the new values.
+    Every value is thus made by the same op of the same shape whichever steps ran before (a
+    fresh selection after reused steps equals an every-step one bit for bit), and the window no
+    longer multiplies against all n blocks each token (w x n x f per head: at 7376 tokens and
+    w = 32 four times the FLOPs of dense attention itself)."""
+    buf, end = st.window_buf, st.window_end
+    w = st.window.shape[2]
+    start = end - w
+    bsz, hkv, n, f = keys.shape
+    gh = buf.shape[1] // hkv
+    lg = st.logits_buf
+    if lg is None or lg.shape[-1] < n:
+        grown = keys.new_empty(bsz, hkv, gh, buf.shape[2], n + max(64, n // 4))
+        if lg is not None:
+            grown[..., : lg.shape[-1]] = lg
+        else:
+            st.logit_rows = 0
+        st.logits_buf = lg = grown
+    blocks = st.window_block
+    for slot in range(max(st.logit_rows, start), end):  # rows over the blocks before their own
+        a = blocks[slot]
+        if a > 0:
+            lg[:, :, :, slot : slot + 1, :a] = token_logits(
+                buf[:, :, slot : slot + 1], keys[:, :, :a], squares
+            )
+    st.logit_rows = end
+    a_min = min(blocks[start:end])
+    qg = group_queries(st.window, hkv)  # [B, Hkv, G, w, r]
+    ones = torch.ones(*qg.shape[:-1], 1, device=qg.device, dtype=qg.dtype)
+    qf = torch.cat([qg, *([qg * qg] if squares else []), ones], -1)
+    tail = (qf.unsqueeze(-2) * keys[:, :, None, None, a_min:n]).sum(-1)  # [B, Hkv, G, w, m]
+    own = torch.tensor(blocks[start:end], device=keys.device)
+    cols = torch.arange(a_min, n, device=keys.device)
+    live = lg[:, :, :, start:end, a_min:n]
+    live.copy_(torch.where(cols[None, :] >= own[:, None], tail, live))
+    return lg[:, :, :, start:end, :n]
 
 
 def _grow(x: torch.Tensor, dims: tuple[int, ...], n: int) -> torch.Tensor:
@@ -350,6 +471,7 @@ def chunk_step(
         q_sum, q_count = block_pool(qs, b, new_valid, offset=t0 % b)  # blocks j0 .. n-1
         ks = srht(k_new)
         k_sum, k_count = block_pool(ks, b, new_valid, offset=t0 % b)
+        st.est_valid = min(st.est_valid, j0)  # these blocks' sums change
         sk.q_sum[:, :, j0:] += q_sum
         sk.k_sum[:, :, j0:] += k_sum
         sk.q_count[:, j0:] += q_count
@@ -365,6 +487,7 @@ def chunk_step(
         a_rows = transition(sk, rows, d, cfg, QueryTokens.sampled(q_tok, v_tok, t0 - pre, cfg))
         st.a[:, :, rows] = a_rows
         st.window = torch.cat([st.window, qs], dim=2)[:, :, -cfg.query_window :]
+        st.window_buf = None  # the next decode token starts a new buffer from this window
         return a_rows, q_count > 0  # rows holding the chunk's real queries
 
     a_rows, real_rows = timer.run("sketch", update)
@@ -404,13 +527,14 @@ def decode_absorb(
     _grow_state(st, cur + 1)
     sk = st.sketched
     qs, ks = srht(q), srht(k_new)  # [B,H,1,r], [B,Hkv,1,r]
-    if key_valid is None:
-        sk.q_sum[:, :, cur] += qs[:, :, 0]
-        sk.k_sum[:, :, cur] += ks[:, :, 0]
-        sk.q_count[:, cur] += 1.0
-        sk.k_count[:, cur] += 1.0
+    if key_valid is None:  # in place on views: `x[i] += y` would also copy the slice back
+        q_tok, k_tok = qs.select(2, 0), ks.select(2, 0)
+        sk.q_sum.select(2, cur).add_(q_tok)
+        sk.k_sum.select(2, cur).add_(k_tok)
+        sk.q_count.select(1, cur).add_(1.0)
+        sk.k_count.select(1, cur).add_(1.0)
         if sk.k_sq is not None:
-            sk.k_sq[:, :, cur] += ks[:, :, 0] ** 2
+            sk.k_sq.select(2, cur).add_(k_tok**2)
     else:
         new_valid = key_valid[:, -1:].float()  # [B, 1]
         sk.q_sum[:, :, cur] += qs[:, :, 0] * new_valid[:, :, None]
@@ -419,19 +543,32 @@ def decode_absorb(
         sk.k_count[:, cur] += new_valid[:, 0]
         if sk.k_sq is not None:
             sk.k_sq[:, :, cur] += ks[:, :, 0] ** 2 * new_valid[:, :, None]
-    keep = max(st.window.shape[2] - cfg.query_window + 1, 0)  # never copy more than the window
-    st.window = torch.cat([st.window[:, :, keep:], qs], dim=2)
+    st.est_valid = min(st.est_valid, cur)
+    _window_push(st, qs, cfg.query_window, lk, b)
     st.stale_from = cur if st.stale_from is None else min(st.stale_from, cur)
     return qs
 
 
-def refresh_rows(st: DecodeLayerState, d: int, cfg: SketchWalkConfig, cur: int) -> None:
-    """Recompute the stale rows of A_l (up to the current block) from the block sums."""
+def refresh_rows(
+    st: DecodeLayerState, d: int, cfg: SketchWalkConfig, cur: int, all_valid: bool = False
+) -> None:
+    """Recompute the stale rows of A_l (up to the current block) from the block sums: the mean
+    estimator's rows (transition without tokens), one at a time, bit-equal to per-step updates.
+    all_valid: every key is real, so the last row sees every block and needs no mask."""
     if st.stale_from is None:
         return
-    for row in range(st.stale_from, cur + 1):  # one at a time: bit-equal to per-step updates
-        rows = torch.tensor([row], device=st.a.device)
-        st.a[:, :, row] = transition(st.sketched, rows, d, cfg)[:, :, 0]  # running average
+    sk = st.sketched
+    n = st.a.shape[-1]
+    km, _ = key_estimates(st, d, cfg, n)
+    for row in range(st.stale_from, cur + 1):
+        qm = block_means(sk.q_sum[:, :, row : row + 1], sk.q_count[:, row : row + 1])
+        logits = block_logits(qm, km, d, cfg.tau)
+        if all_valid and row == n - 1:
+            probs = torch.softmax(logits, dim=-1)  # nothing to mask: the same values
+        else:
+            rows = torch.tensor([row], device=st.a.device)
+            probs = causal_block_softmax(logits, sk.k_count > 0, rows)
+        st.a[:, :, row] = aggregate_heads(probs, cfg.per_group)[:, :, 0]  # running average
     st.stale_from = None
 
 
@@ -446,11 +583,14 @@ def decode_step(
     exact: torch.Tensor | None = None,
     keys: torch.Tensor | None = None,
     scale: float | None = None,
+    all_valid: bool = False,
 ) -> Plan:
     """One decode token for one layer: update A_l's current row, estimate, walk, select.
 
     q [B, H, 1, d] is the new query; k_new [B, Hkv, 1, d] its key at position lk - 1; keys
-    [B, Hkv, lk, d] all keys (only the baselines that score raw keys read them).
+    [B, Hkv, lk, d] all keys (only the baselines that score raw keys read them). all_valid: the
+    caller knows every key is real (no padding mask), so the sums skip the weighting and the
+    selection takes the one-row fast path (the same lists, fewer ops).
     """
     d = q.shape[-1]
     b = cfg.block_size
@@ -460,28 +600,35 @@ def decode_step(
 
     def update() -> torch.Tensor:
         """Mutates st in place (it belongs to this sequence) and returns the row estimate r."""
-        decode_absorb(st, q, k_new, lk, cfg, srht, key_valid)
-        refresh_rows(st, d, cfg, cur)
+        decode_absorb(st, q, k_new, lk, cfg, srht, None if all_valid else key_valid)
+        refresh_rows(st, d, cfg, cur, all_valid)
         sk = st.sketched
-        if cfg.estimator in TOKEN_ESTIMATORS:
-            km, kvar = key_summary(sk.k_sum, sk.k_sq, sk.k_count)
-            logits = token_block_logits(st.window, km, kvar, sk.k_count, d, cfg.tau)
+        km, keys = key_estimates(st, d, cfg, n)
+        if keys is not None:
+            logits = window_logits(st, keys, sk.k_sq is not None)
         else:
-            km = block_means(sk.k_sum, sk.k_count)
             logits = block_logits(st.window, km, d, cfg.tau)  # [B,Hkv,Gh,w,n]
-        rows_cur = torch.full((st.window.shape[2],), cur, device=q.device)
-        probs = causal_block_softmax(logits, sk.k_count > 0, rows_cur)
+        if all_valid:  # the current row sees every block and every block holds keys
+            probs = torch.softmax(logits, dim=-1)
+        else:
+            rows_cur = torch.full((st.window.shape[2],), cur, device=q.device)
+            probs = causal_block_softmax(logits, sk.k_count > 0, rows_cur)
         return aggregate_heads(probs.sum(3, keepdim=True), cfg.per_group)  # [B,G,1,n]
 
     r = timer.run("sketch", update)
     s = timer.run("walk", lambda: walk_row(r[:, :, 0], st.a, cfg.effective_beta, cfg.degree))
     s = s.unsqueeze(2)
-    start, end = key_span(key_valid)
 
     def choose() -> BlockSelection:
         rows = torch.tensor([cur], device=q.device)
         x = ScoreInputs(s.shape, q.device, rows, b, r, s, exact, q, keys, key_valid, scale)
-        return choose_blocks(cfg, method_scores(cfg, x), rows, start, end, n, tail=False)
+        scores = method_scores(cfg, x)
+        if all_valid:
+            sel = decode_row_selection(scores, cur, ForcedRule.of(cfg), cfg.density)
+            if sel is not None:
+                return sel
+        start, end = key_span(key_valid)
+        return choose_blocks(cfg, scores, rows, start, end, n, tail=False)
 
     sel = timer.run("select", choose)
     st.selection, st.selected_block, st.steps_since = sel, cur, 0

@@ -15,6 +15,8 @@ Either way the achieved density is reported, never assumed.
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +30,9 @@ class BlockSelection:
     block_count: torch.Tensor  # [B, G, nq] int32
     kept: int  # kept (row, block) pairs over real rows, all groups
     candidates: int  # causal (row, block) pairs over real rows, all groups
+    # a decode row's lists that all keep this many blocks, the current one last (see
+    # decode_row_selection): the kernel may gather them without checks
+    decode_count: int | None = None
 
     @property
     def density(self) -> float:
@@ -281,3 +286,44 @@ def row_budget(
         hi = torch.where(over, mid, hi)
         lo = torch.where(over, lo, mid)
     return _budget_at(lo, n_cand, n_forced)
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32, as torch computes a float32 tensor op."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def decode_row_selection(
+    scores: torch.Tensor, cur: int, rule: ForcedRule, density: float, start_block: int = 0
+) -> BlockSelection | None:
+    """select_blocks for one decode row of sequences without padding, in a handful of ops.
+
+    scores [B, G, 1, n] with n = cur + 1 (the current key block is the last); every sequence's real
+    keys start in block start_block. The forced blocks and the row budget are plain integers here
+    (one row: max(forced, ceil(density x candidates))), so one topk over the row and one sort are
+    the whole selection; the lists and counts equal select_blocks' bit for bit (tested). None where
+    the rule needs the sequence length (sink or window as fractions): take select_blocks.
+    """
+    if rule.sink > 0.0 or rule.window > 0.0:
+        return None
+    bsz, groups, nq, nk = scores.shape
+    if nq != 1 or nk != cur + 1 or not 0 <= start_block <= cur:
+        return None
+    n_cand = cur - start_block + 1
+    sink_end = min(start_block + rule.sink_blocks, cur + 1)  # blocks start_block .. sink_end - 1
+    win_start = max(cur - rule.window_blocks, start_block)  # blocks win_start .. cur
+    n_forced = (sink_end - start_block) + (cur - win_start + 1) - max(sink_end - win_start, 0)
+    # row_budget with one row: ceil(rate * candidates - 1e-9) in float32, rate = density
+    want = math.ceil(_f32(_f32(_f32(density) * n_cand) - _f32(1e-9)))
+    budget = min(max(n_forced, want), n_cand)
+    ranked = scores.float().clone()
+    # forced first (+inf), then non-candidates last (-inf), as row_budget_keep ranks them
+    ranked[..., win_start:] = float("inf")
+    if sink_end > start_block:
+        ranked[..., start_block:sink_end] = float("inf")
+    if start_block > 0:
+        ranked[..., :start_block] = float("-inf")
+    top = ranked.topk(budget, dim=-1, sorted=True).indices
+    index = top.sort(dim=-1).values.to(torch.int32)
+    count = torch.full((bsz, groups, 1), budget, dtype=torch.int32, device=scores.device)
+    return BlockSelection(index, count, bsz * groups * budget, bsz * groups * n_cand, budget)

@@ -112,3 +112,52 @@ def attend(
     return F.scaled_dot_product_attention(
         q, gkv.k[:, :, :end], gkv.v[:, :, :end], attn_mask=mask, scale=scale, enable_gqa=True
     )
+
+
+# Re-selecting every token: one gather of the kept rows and one SDPA, no chunks to merge. Past
+# this many kept tokens per KV head the copy no longer stays in cache and the stateless kernel's
+# chunked gather (kernels/cpu.py `_decode`) is faster.
+FRESH_MAX_TOKENS = 8192
+# Caches up to this many tokens: the stateless kernel's one masked SDPA over all keys is cheaper.
+FRESH_MIN_CACHE = 4096
+
+
+def attend_fresh(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_index: torch.Tensor,
+    count: int,
+    block_size: int,
+    scale: float,
+) -> torch.Tensor | None:
+    """One decode query over a fresh selection whose lists are sorted, duplicate-free, all `count`
+    long and end with the current block (engine/select.py `decode_row_selection` makes them).
+
+    The kept K/V rows of all heads are one index_select each on the cache viewed as
+    [Hkv * lk, d] (token rows, memcpy), the current block's tokens so far included; the query
+    heads of a KV head are the rows of one query. About 15 ops against the stateless kernel's
+    ~80 per group. q [1, H, 1, d]; k, v [1, Hkv, lk, d] contiguous; block_index [1, G, 1, K] with
+    G 1 or Hkv. None where this does not apply (then the stateless kernel runs).
+    """
+    bsz, h, lq, d = q.shape
+    _, hkv, lk, _ = k.shape
+    g = block_index.shape[1]
+    b = block_size
+    cur = (lk - 1) // b
+    if bsz != 1 or lq != 1 or g not in (1, hkv) or h % hkv or count < 1:
+        return None
+    if not (k.is_contiguous() and v.is_contiguous()) or count * b > FRESH_MAX_TOKENS:
+        return None
+    full = block_index[0, :, 0, : count - 1].long()  # [G, c - 1]: full blocks before cur
+    t = lk - cur * b  # tokens of the current block so far
+    tok = torch.arange(b, device=k.device)
+    rows = (full * b).unsqueeze(-1) + tok  # [G, c - 1, b]
+    rows = torch.cat([rows.view(g, -1), tok[:t].add(cur * b).expand(g, t)], 1)  # [G, m]
+    heads = torch.arange(0, hkv * lk, lk, device=k.device).unsqueeze(1)  # [Hkv, 1]
+    idx = (rows + heads).view(-1)  # G == 1 broadcasts one list over the heads
+    m = idx.numel() // hkv
+    kg = k.view(hkv * lk, d).index_select(0, idx).view(1, hkv, m, d)
+    vg = v.view(hkv * lk, d).index_select(0, idx).view(1, hkv, m, d)
+    out = F.scaled_dot_product_attention(q.reshape(1, hkv, h // hkv, d), kg, vg, scale=scale)
+    return out.view(1, h, 1, d)

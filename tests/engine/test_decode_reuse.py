@@ -127,3 +127,80 @@ def test_decode_reselect_is_a_checked_knob_and_older_runs_reselect_every_token()
     assert SketchWalkConfig.from_stored(old).decode_reselect == 0  # a stored value is kept ...
     old.pop("decode_reselect")
     assert SketchWalkConfig.from_stored(old).decode_reselect == 1  # ... a missing one is legacy
+
+
+def test_long_cache_decode_takes_the_fresh_gather_and_matches_the_reference_kernel(monkeypatch):
+    """Re-selecting every token past the masked-cache length: the selection's K/V are gathered
+    in one go (decode_cache.attend_fresh); outputs equal the reference kernel's on the same
+    selections, and the lists equal select_blocks'."""
+    from sketchwalk.engine.session import Session
+    from sketchwalk.kernels import decode_cache
+
+    calls = []
+    fresh = decode_cache.attend_fresh
+    monkeypatch.setattr(
+        decode_cache, "attend_fresh", lambda *a, **kw: calls.append(1) or fresh(*a, **kw)
+    )
+    torch.manual_seed(0)
+    t, steps, d = decode_cache.FRESH_MIN_CACHE + 40, 20, 16
+    q = torch.randn(1, 4, t + steps, d)
+    k, v = torch.randn(1, 2, t + steps, d), torch.randn(1, 2, t + steps, d)
+    cfg = SketchWalkConfig(block_size=16, sketch_dim=8)
+    runs = {}
+    for backend in ("cpu", "reference"):
+        s = Session(cfg, kernel_backend=backend)
+        s.attend(2, q[:, :, :t], k[:, :, :t], v[:, :, :t], None, d**-0.5)
+        outs = []
+        for lk in range(t + 1, t + steps + 1):
+            kk, vv = k[:, :, :lk].contiguous(), v[:, :, :lk].contiguous()
+            outs.append(s.attend(2, q[:, :, lk - 1 : lk], kk, vv, None, d**-0.5))
+        runs[backend] = torch.cat(outs, 2)
+    assert len(calls) == steps
+    torch.testing.assert_close(runs["cpu"], runs["reference"], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("window", [1, 5, 32])
+def test_window_ring_and_block_estimates_equal_their_full_recomputation(window):
+    """The decode state's incremental parts: the query window (a 2w ring of views) equals the
+    cat of the last w sketched queries, and the cached per-block key estimates equal a full
+    recomputation from the sums, bit for bit, across block starts, reused steps and a chunk; the
+    window's kept logits equal one product against every block (float noise: other ops)."""
+    from sketchwalk.engine.pipeline import chunk_step, key_estimates, window_logits
+    from sketchwalk.engine.sketch import key_summary, token_keys, token_logits
+
+    torch.manual_seed(window)
+    d, t, block = 16, 70, 16
+    cfg = SketchWalkConfig(block_size=block, density=0.3, query_window=window, sketch_dim=8)
+    q, k = torch.randn(1, 4, t + 120, d), torch.randn(1, 2, t + 120, d)
+    srht = make_srht(d, cfg.sketch_dim, 0, 3)
+    st = start_decode(prefill_plan(q[:, :, :t], k[:, :, :t], cfg, srht), q[:, :, :t], srht, cfg)
+    want = srht(q[:, :, :t])[:, :, -window:]
+    lk = t
+    while lk < t + 110:
+        if lk == t + 50:  # a chunk of 7 queries after some decode steps
+            valid = torch.ones(1, lk + 7, dtype=torch.bool)
+            chunk_step(
+                st, q[:, :, lk : lk + 7], k[:, :, lk : lk + 7], lk + 7, cfg, srht, valid, None
+            )
+            want = torch.cat([want, srht(q[:, :, lk : lk + 7])], 2)[:, :, -window:]
+            lk += 7
+            continue
+        lk += 1
+        qn, kn = q[:, :, lk - 1 : lk], k[:, :, lk - 1 : lk]
+        valid = torch.ones(1, lk, dtype=torch.bool)
+        if reusable(st, lk, cfg, 3):
+            decode_reuse(st, qn, kn, lk, cfg, srht, valid)
+        else:
+            decode_step(st, qn, kn, lk, cfg, srht, valid, all_valid=lk % 2 == 0)
+        want = torch.cat([want, srht(qn)], 2)[:, :, -window:]
+        assert torch.equal(st.window, want)
+        sk = st.sketched
+        n = sk.k_sum.shape[2]
+        km, keys = key_estimates(st, d, cfg, n)
+        mean, var = key_summary(sk.k_sum, sk.k_sq, sk.k_count)
+        assert torch.equal(km, mean)
+        assert torch.equal(keys, token_keys(mean, var, sk.k_count, d, cfg.tau))
+        # the window's logits kept per slot: those of one product against every block
+        torch.testing.assert_close(
+            window_logits(st, keys, True), token_logits(st.window, keys, True), atol=1e-5, rtol=1e-5
+        )

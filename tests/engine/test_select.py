@@ -248,3 +248,44 @@ def test_query_tiles_equal_a_brute_force_reference(seed, density, n, r):
 def test_query_tiles_need_the_layer_budget():
     with pytest.raises(ValueError, match="layer budget"):
         run_select(n=8, budget="row", row_group=2)
+
+
+@pytest.mark.parametrize("budget", ["layer", "row"])
+@pytest.mark.parametrize("sink_blocks,window_blocks", [(1, 1), (0, 0), (3, 2), (40, 0), (0, 50)])
+def test_decode_row_selection_equals_select_blocks(budget, sink_blocks, window_blocks):
+    """The one-row decode fast path gives select_blocks' lists, counts and tallies exactly, over
+    lengths, densities (float32 rounding of the budget included), ties and groups."""
+    from sketchwalk.engine.select import decode_row_selection
+
+    torch.manual_seed(sink_blocks * 7 + window_blocks)
+    b = 16
+    rule = ForcedRule(b, 0.0, sink_blocks, 0.0, window_blocks)
+    for cur in (0, 1, 2, 5, 17, 63, 460):
+        for density in (0.2, 0.1, 0.3, 0.05, 1.0, 0.123, 1 / 3):
+            for groups, batch in ((1, 1), (3, 1), (2, 2)):
+                scores = torch.rand(batch, groups, 1, cur + 1)
+                if cur % 2:
+                    scores = (scores * 4).round() / 4  # ties
+                lk = cur * b + 1 + cur % b
+                want = select_blocks(
+                    scores,
+                    torch.tensor([cur]),
+                    rule,
+                    density,
+                    torch.zeros(batch, dtype=torch.long),
+                    torch.full((batch,), lk),
+                    budget=budget,
+                )
+                got = decode_row_selection(scores, cur, rule, density)
+                assert torch.equal(got.block_index, want.block_index), (cur, density)
+                assert torch.equal(got.block_count, want.block_count), (cur, density)
+                assert (got.kept, got.candidates) == (want.kept, want.candidates)
+
+
+def test_decode_row_selection_leaves_fractions_to_select_blocks():
+    from sketchwalk.engine.select import decode_row_selection
+
+    scores = torch.rand(1, 1, 1, 10)
+    assert decode_row_selection(scores, 9, ForcedRule(16, sink=0.1), 0.2) is None
+    assert decode_row_selection(scores, 9, ForcedRule(16, window=0.1), 0.2) is None
+    assert decode_row_selection(scores, 8, ForcedRule(16), 0.2) is None  # not the last block

@@ -64,3 +64,28 @@ def test_refuses_what_it_cannot_do():
     assert decode_cache.supports(q, k, 1, None) and decode_cache.supports(q, k, 2, None)
     assert not decode_cache.supports(q, k, 1, torch.tensor([3]))
     assert not decode_cache.supports(torch.cat([q, q]), k, 1, None)
+
+
+@pytest.mark.parametrize("block", [16, 64])
+@pytest.mark.parametrize("heads,kv,per_group", [(9, 3, False), (9, 3, True), (4, 4, True)])
+@pytest.mark.parametrize("lk", [1, 16, 17, 200, 333])
+def test_fresh_gather_matches_reference(block, heads, kv, per_group, lk):
+    """A fresh selection gathered in one go (re-selecting every token) equals the reference."""
+    gen = torch.Generator().manual_seed(block + lk + heads)
+    d = 32
+    cur = (lk - 1) // block
+    q, k, v = random_qkv(1, heads, kv, 1, lk, d, torch.float32, gen)
+    index, count = _lists(kv if per_group else 1, cur, 0.3, gen)
+    want = block_sparse_attention_reference(q, k, v, index, count, block)
+    got = decode_cache.attend_fresh(q, k, v, index, int(count[0, 0, 0]), block, d**-0.5)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_fresh_gather_declines_what_it_cannot_do():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = random_qkv(2, 4, 2, 1, 100, 16, torch.float32, gen)
+    index, count = _lists(2, 6, 0.5, gen)
+    args = (index.expand(2, -1, -1, -1), int(count[0, 0, 0]), 16, 0.25)
+    assert decode_cache.attend_fresh(q, k, v, *args) is None  # a batch
+    many = decode_cache.FRESH_MAX_TOKENS // 16 + 1
+    assert decode_cache.attend_fresh(q[:1], k[:1], v[:1], index, many, 16, 0.25) is None
