@@ -199,7 +199,7 @@ class SketchWalkConfig:
         0, "seed of the sketch's random signs and coordinates", label="Seed", lo=0, hi=2**31 - 1
     )
     decode_reselect: int = knob(
-        1,
+        0,
         "decode: re-select each layer's blocks every k tokens (1 = every token; 0 = only when a "
         "new key block starts; the selection is reused in between)",
         label="Decode re-select every",

@@ -112,6 +112,7 @@ def test_oracle_recalls_more_mass_than_streaming():
             window=0.0,
             sink_blocks=0,
             window_blocks=0,
+            query_block=0,  # one list per block: at 320 tokens tiles leave little to choose
         )
         rec = Recorder()
         logits(model, ids, "sketch_walk", cfg, rec)
@@ -135,6 +136,7 @@ def test_per_group_selection_gives_each_kv_group_its_own_lists():
         window=0.0,
         sink_blocks=0,
         window_blocks=0,
+        query_block=0,
     )
     srht = make_srht(16, 16, 0, 0)
     shared = prefill_plan(q, k, SketchWalkConfig(**base, per_group=False), srht).selection
@@ -189,7 +191,7 @@ def test_query_tiles_run_in_a_model_on_every_backend():
             with sketch_walk_session(tiled, kernel_backend=backend) as s:
                 outs[backend] = model(ids).logits
                 assert abs(s.density("prefill") - 0.3) < 0.02
-        with sketch_walk_session(SketchWalkConfig(**base)):
+        with sketch_walk_session(SketchWalkConfig(**base, query_block=0)):
             per_block = model(ids).logits
     assert torch.allclose(outs["cpu"], outs["reference"], atol=2e-5, rtol=1e-4)
     assert not torch.allclose(outs["cpu"], per_block, atol=1e-3)
