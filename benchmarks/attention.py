@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from sketchwalk.engine.clock import timed
+from sketchwalk.engine.config import SketchWalkConfig
 from sketchwalk.kernels import block_sparse_attention, choose_backend
 
 
@@ -121,8 +122,8 @@ def bench_prefill(
     flex: bool = False,
     block_size: int | None = None,
     query_block: int | None = None,
+    knobs: SketchWalkConfig | None = None,
 ) -> list[dict]:
-    from sketchwalk.engine.config import SketchWalkConfig
     from sketchwalk.engine.pipeline import prefill_selection, sparse_attention
 
     gen = torch.Generator(device="cpu").manual_seed(seq_len)
@@ -142,7 +143,7 @@ def bench_prefill(
         )
     rows = []
     for density in densities:
-        cfg = SketchWalkConfig(density=density)
+        cfg = (knobs or SketchWalkConfig()).with_(density=density)
         if block_size is not None:
             cfg = cfg.with_(block_size=block_size)
         if query_block is not None:
@@ -221,9 +222,9 @@ def bench_decode(
     backend: str | None,
     progress: Callable[[], None] | None = None,
     block_size: int | None = None,
+    knobs: SketchWalkConfig | None = None,
 ) -> list[dict]:
     """One query against a seq_len cache; the list comes from decode_block_list (no selection cost)."""
-    from sketchwalk.engine.config import SketchWalkConfig
 
     gen = torch.Generator(device="cpu").manual_seed(seq_len + 1)
     kv = (1, shape.kv_heads, seq_len, shape.head_dim)
@@ -233,7 +234,7 @@ def bench_decode(
     which = choose_backend(device, backend)
     rows = []
     for density in densities:
-        cfg = SketchWalkConfig(density=density)
+        cfg = (knobs or SketchWalkConfig()).with_(density=density)
         b = block_size or cfg.block_size
         n = -(-seq_len // b)
         # the config's sink and window with their block floors; the current block always
@@ -290,8 +291,10 @@ def run_attention_bench(
     flex: bool = False,
     block_size: int | None = None,
     query_block: int | None = None,
+    knobs: SketchWalkConfig | None = None,
 ) -> list[dict]:
-    """Rows of dense vs sparse timings, one per (phase, shape, seq_len, density)."""
+    """Rows of dense vs sparse timings, one per (phase, shape, seq_len, density); knobs: the
+    config besides density (default: the defaults)."""
     dev = torch.device(device)
     dt = DTYPES[dtype]
     densities = list(densities)
@@ -302,12 +305,13 @@ def run_attention_bench(
             if "prefill" in phases:
                 rows += bench_prefill(
                     shape, seq_len, densities, dt, dev, repeats, backend, progress, flex,
-                    block_size, query_block,
+                    block_size, query_block, knobs,
                 )  # fmt: skip
             if "decode" in phases:
                 rows += bench_decode(
-                    shape, seq_len, densities, dt, dev, repeats, backend, progress, block_size
-                )
+                    shape, seq_len, densities, dt, dev, repeats, backend, progress, block_size,
+                    knobs,
+                )  # fmt: skip
     return rows
 
 

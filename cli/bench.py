@@ -51,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--query-block", type=int, default=None, metavar="M", help="query tile (default: config's)"
     )
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    add_config_args(p, exclude=("density", "block_size", "query_block", "phases"))
     p.set_defaults(func=run_attention)
 
     m = what.add_parser(
@@ -133,6 +134,7 @@ def run_attention(args: argparse.Namespace) -> int:
             flex=args.flex,
             block_size=args.block_size,
             query_block=args.query_block,
+            knobs=config_from_args(args, density=args.density[0]),  # each row sets its own
         )
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0
