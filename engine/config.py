@@ -346,6 +346,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "window_blocks": 0,
         "dense_tail_blocks": 4,
         "dense_layers": (0, 1),
+        "decode_reselect": 1,
     },
 }
 
