@@ -145,7 +145,7 @@ def test_long_cache_decode_takes_the_fresh_gather_and_matches_the_reference_kern
     t, steps, d = decode_cache.FRESH_MIN_CACHE + 40, 20, 16
     q = torch.randn(1, 4, t + steps, d)
     k, v = torch.randn(1, 2, t + steps, d), torch.randn(1, 2, t + steps, d)
-    cfg = SketchWalkConfig(block_size=16, sketch_dim=8)
+    cfg = SketchWalkConfig(block_size=16, sketch_dim=8, decode_reselect=1)  # every token
     runs = {}
     for backend in ("cpu", "reference"):
         s = Session(cfg, kernel_backend=backend)
