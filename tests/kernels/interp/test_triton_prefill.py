@@ -103,3 +103,17 @@ def test_prefill_real_tile_sizes(d, b):
     block_sparse_prefill(q, k, v, idx, cnt, b, out=out)
     assert not out.isnan().any()
     assert rel_err(out, block_sparse_attention_reference(q, k, v, idx, cnt, b)) < TOL[torch.float16]
+
+
+def test_query_tiles_match_reference():
+    """One list per tile of 2 query blocks (the Triton path repeats each tile's list per block)."""
+    from sketchwalk.kernels.reference import tiles_of_rows
+    from sketchwalk.kernels.triton_dispatch import block_sparse_attention_triton
+
+    gen = _seed("tiles")
+    q, k, v = random_qkv(1, 4, 2, 70, 70, 16, torch.float32, gen)
+    idx, cnt = random_block_index(1, 2, 70, 70, 16, 0.5, gen)
+    t_idx, t_cnt = tiles_of_rows(idx, cnt, 2, 5)
+    out = block_sparse_attention_triton(q, k, v, t_idx, t_cnt, 16, query_block=32)
+    ref = block_sparse_attention_reference(q, k, v, t_idx, t_cnt, 16, query_block=32)
+    assert rel_err(out, ref) < 1e-5
