@@ -204,6 +204,14 @@ def token_logits(qs: torch.Tensor, keys: torch.Tensor, squares: bool) -> torch.T
     return out.view(bsz, hkv, gh, length, n)
 
 
+def _mean_per_row(sums: torch.Tensor, row: torch.Tensor, q_valid: torch.Tensor) -> torch.Tensor:
+    """Sums [B, Hkv, G, R, n] over scored queries -> their mean per row; row [L] is each query's
+    row, q_valid [B, L] its realness (rows without a real scored query stay zero)."""
+    count = torch.zeros(sums.shape[0], sums.shape[3], device=sums.device)
+    count.index_add_(1, row, q_valid.float())
+    return sums / count.clamp(min=1.0)[:, None, None, :, None]
+
+
 def sample_positions(length: int, block_size: int, samples: int, offset: int = 0) -> torch.Tensor:
     """Positions offset .. offset + length - 1 to score: all of them (samples 0 or >= block), or
     `samples` evenly spaced ones per block, the last token of each block always among them."""
@@ -265,9 +273,7 @@ def token_block_mass(
         # rows that see no block (padding queries) are NaN: they, and every padding query, add 0
         probs.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)
         out[..., :nk].index_add_(3, blk - j0, probs)
-    q_count = torch.zeros(bsz, rows, device=qs.device)
-    q_count.index_add_(1, blk_all - j0, q_valid.float())
-    return out / q_count.clamp(min=1.0)[:, None, None, :, None]
+    return _mean_per_row(out, blk_all - j0, q_valid)
 
 
 # ---- the sampled estimator ------------------------------------------------------------------
@@ -329,6 +335,4 @@ def sampled_block_mass(
         mass.div_(mass.sum(-1, keepdim=True).clamp(min=1e-30))
         mass.mul_(q_valid[:, None, None, s:e, None])
         out[..., :nkc].index_add_(3, p // b - j0, mass)
-    q_count = torch.zeros(bsz, rows, device=qs.device)
-    q_count.index_add_(1, blk_all - j0, q_valid.float())
-    return out / q_count.clamp(min=1.0)[:, None, None, :, None]
+    return _mean_per_row(out, blk_all - j0, q_valid)
