@@ -603,9 +603,12 @@ def decode_step(
         decode_absorb(st, q, k_new, lk, cfg, srht, None if all_valid else key_valid)
         refresh_rows(st, d, cfg, cur, all_valid)
         sk = st.sketched
-        km, keys = key_estimates(st, d, cfg, n)
-        if keys is not None:
-            logits = window_logits(st, keys, sk.k_sq is not None)
+        if cfg.estimator == "sampled" and keys is not None:
+            probs = decode_sampled_mass(st.window, srht, keys, key_valid, cfg, d)
+            return aggregate_heads(probs, cfg.per_group)
+        km, key_side = key_estimates(st, d, cfg, n)
+        if key_side is not None:
+            logits = window_logits(st, key_side, sk.k_sq is not None)
         else:
             logits = block_logits(st.window, km, d, cfg.tau)  # [B,Hkv,Gh,w,n]
         if all_valid:  # the current row sees every block and every block holds keys
@@ -633,6 +636,31 @@ def decode_step(
     sel = timer.run("select", choose)
     st.selection, st.selected_block, st.steps_since = sel, cur, 0
     return Plan(r, s, sel, None, timer.ms)
+
+
+def decode_sampled_mass(
+    window: torch.Tensor,
+    srht: SRHT,
+    keys: torch.Tensor,
+    key_valid: torch.Tensor,
+    cfg: SketchWalkConfig,
+    dim: int,
+) -> torch.Tensor:
+    """The sampled estimator in decode, [B, Hkv, G, 1, n]: the last query_samples queries of the
+    window (0: all of it) scored against every key in the cache, each seeing all of them (they
+    stand for the current row), their block masses averaged. The window holds sketched queries
+    S q; (S q) S^T scored against raw keys is the sketched inner product (S q).(S k) for any r,
+    so the cache is never sketched. Cost: samples x H x T x d, once per fresh selection (with
+    decode_reselect 0: once per key block)."""
+    lk = keys.shape[2]
+    s = cfg.query_samples or window.shape[2]
+    qs = window[:, :, -s:] @ srht.matrix.T  # [B, H, s, d]
+    s = qs.shape[2]
+    pos = torch.full((s,), lk - 1, dtype=torch.long, device=keys.device)
+    q_valid = key_valid[:, lk - s :].bool()  # the window's queries are the last s tokens
+    return sampled_block_mass(
+        qs, q_valid, pos, keys.float(), key_valid.bool(), cfg.block_size, dim, cfg.tau
+    )
 
 
 def reusable(st: DecodeLayerState, lk: int, cfg: SketchWalkConfig, every: int) -> bool:

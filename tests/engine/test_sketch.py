@@ -224,3 +224,38 @@ def test_sampled_estimator_equals_brute_force_block_mass(t, b, samples, pad):
     rows = got.sum(-1)  # every scored row is a distribution
     scored = (count > 0)[:, None, None, :].expand_as(rows)
     assert torch.allclose(rows[scored], torch.ones(1), atol=1e-5)
+
+
+@pytest.mark.parametrize("d, r, samples, pad", [(16, 16, 4, 0), (16, 8, 2, 3), (12, 32, 0, 0)])
+def test_decode_sampled_estimate_scores_the_last_window_queries_against_every_key(
+    d, r, samples, pad
+):
+    """Decode's sampled estimate: the last `samples` sketched window queries, each scored against
+    every real key in the sketched space ((S q).(S k), the sketch of any r), block masses
+    averaged over the real ones."""
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.pipeline import decode_sampled_mass
+    from sketchwalk.engine.sketch import make_srht
+
+    torch.manual_seed(d + r + samples)
+    h, hkv, lk, b, w = 4, 2, 45, 8, 6
+    srht = make_srht(d, r, 0, 3)
+    window = srht(torch.randn(2, h, w, d) * 2)
+    keys = torch.randn(2, hkv, lk, d) * 2
+    valid = torch.ones(2, lk, dtype=torch.bool)
+    valid[1, :pad] = False
+    cfg = SketchWalkConfig(block_size=b, query_samples=samples, sketch_dim=r)
+    got = decode_sampled_mass(window, srht, keys, valid, cfg, d)
+    used = window[:, :, -(samples or w) :]
+    sk = srht(keys)
+    n = -(-lk // b)
+    want = torch.zeros(2, hkv, h // hkv, 1, n)
+    for bi in range(2):
+        seen = [j for j in range(lk) if valid[bi, j]]
+        for hi in range(h):
+            for qi in range(used.shape[2]):
+                logits = torch.stack([used[bi, hi, qi] @ sk[bi, hi // 2, j] for j in seen])
+                probs = torch.softmax(logits / d**0.5, 0)
+                for j, pr in zip(seen, probs, strict=True):
+                    want[bi, hi // 2, hi % 2, 0, j // b] += pr / used.shape[2]
+    assert torch.allclose(got, want, atol=1e-4)
