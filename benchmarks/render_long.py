@@ -1,10 +1,12 @@
 """Explore at long context in a real browser: first load, then layer-slider moves, timed.
 
-Writes one generated run per length (benchmarks/long_run.py, 4 layers, blocks of 64) to a fresh
+Writes one generated run per length (benchmarks/long_run.py, 8 layers, blocks of 64) to a fresh
 DuckDB file, starts `sketchwalk app` on it, opens Explore on the run in Chromium (Debian's,
 through playwright), and times: the first load (page open -> the four heatmaps drawn) and each
 layer-slider step (key press -> the next layer's caption and heatmaps drawn, the script run
-finished), first visit to a layer and a revisit (cached). Prints the numbers per length.
+finished), first visit to a layer and a revisit (cached), and far jumps: End, Home or several
+arrow presses at once, then one wait, to a layer not visited before (no neighbour was warm).
+Prints the medians per length.
 
     .venv/bin/python -m sketchwalk.benchmarks.render_long --tokens 32768 131072
 """
@@ -25,6 +27,23 @@ from sketchwalk.benchmarks.app_latency import CHROMIUM, _free_port, _wait_health
 def _settled(page) -> None:
     page.wait_for_timeout(100)
     page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden")
+    # two animation frames: they run only once the browser has drawn what the run sent
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+
+
+def _path(start: int, layers: int) -> list[tuple[list[str], str, int]]:
+    """(keys pressed at once, kind, layer shown after): two neighbour steps up to new layers, two
+    back (revisits), then far jumps to layers never shown: End, three ArrowLeft, Home."""
+    top = min(start + 2, layers - 1)
+    path = [(["ArrowRight"], "new", x) for x in range(start + 1, top + 1)]
+    path += [(["ArrowLeft"], "cached", x) for x in range(top - 1, start - 1, -1)]
+    if layers - 1 > top + 1:
+        path.append((["End"], "far", layers - 1))
+    if layers - 4 > top:
+        path.append((["ArrowLeft"] * 3, "far", layers - 4))
+    if start > 0:
+        path.append((["Home"], "far", 0))
+    return path
 
 
 def measure(url: str, run_id: str, layers: int, shot: Path | None = None) -> dict[str, float]:
@@ -50,29 +69,30 @@ def measure(url: str, run_id: str, layers: int, shot: Path | None = None) -> dic
         slider = (
             page.locator('[data-testid="stSlider"]').filter(has_text="Layer").get_by_role("slider")
         )
-        moves: dict[str, list[float]] = {"new": [], "cached": []}
+        moves: dict[str, list[float]] = {"new": [], "cached": [], "far": []}
         start = int(page.get_by_text("data + figures").first.inner_text().split()[1])
-        path = [("ArrowRight", "new", x) for x in range(start + 1, layers)]
-        path += [("ArrowLeft", "cached", x) for x in range(layers - 2, start - 1, -1)]
-        for key, kind, target in path:
+        for keys, kind, target in _path(start, layers):
             slider.focus()
             t = time.monotonic()
-            slider.press(key)
+            for key in keys:
+                slider.press(key)
             page.get_by_text(f"Layer {target} ·").first.wait_for()
             _settled(page)
             moves[kind].append(time.monotonic() - t)
         browser.close()
+    med = {k: statistics.median(v) if v else float("nan") for k, v in moves.items()}
     return {
         "first_s": first,
-        "new_layer_s": statistics.median(moves["new"]) if moves["new"] else float("nan"),
-        "cached_layer_s": statistics.median(moves["cached"]) if moves["cached"] else float("nan"),
+        "new_layer_s": med["new"],
+        "cached_layer_s": med["cached"],
+        "far_jump_s": med["far"],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[32768, 131072])
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=8, help="8 leaves room for far jumps")
     ap.add_argument("--screenshots", metavar="DIR", help="save explore-<tokens>.png there")
     args = ap.parse_args(argv)
     from sketchwalk.benchmarks.long_run import make_long_result
@@ -96,13 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         _wait_healthy(url, proc)
-        print("tokens  blocks  first load s  layer step s (new layer)  layer step s (revisit)")
+        print(
+            "tokens  blocks  first load s  layer step s (new layer)  layer step s (revisit)"
+            "  far jump s (new layer)"
+        )
         for n, rid in ids.items():
             shot = Path(args.screenshots) / f"explore-{n}.png" if args.screenshots else None
             r = measure(url, rid, args.layers, shot)
             print(
                 f"{n:>6}  {-(-n // 64):>6}  {r['first_s']:>12.2f}  {r['new_layer_s']:>24.2f}"
-                f"  {r['cached_layer_s']:>22.2f}"
+                f"  {r['cached_layer_s']:>22.2f}  {r['far_jump_s']:>22.2f}"
             )
     finally:
         proc.terminate()
