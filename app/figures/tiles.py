@@ -10,7 +10,6 @@ and the axes carry one short label per tile, never one hover string per cell.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,19 +47,42 @@ def plan_view(
 
 
 def aggregate(z: np.ndarray, view: View, how: str = "max") -> np.ndarray:
-    """z[q0:q1, k0:k1] pooled over tile x tile cells (NaN cells ignored; all-NaN tiles stay NaN)."""
-    sub = np.asarray(z)[view.q0 : view.q1, view.k0 : view.k1].astype(np.float32)
+    """z[q0:q1, k0:k1] pooled over tile x tile cells (NaN cells ignored; all-NaN tiles stay NaN).
+
+    Reshape-based: each reduction runs first along the contiguous key axis, then across the
+    tile's rows, so a 2048 x 2048 layer costs a few whole-array passes, no Python per cell.
+    """
+    sub = np.asarray(z, dtype=np.float32)[view.q0 : view.q1, view.k0 : view.k1]
     t = view.tile
     if t == 1:
         return sub
     r, c = sub.shape
-    pad = np.full((-(-r // t) * t, -(-c // t) * t), np.nan, dtype=np.float32)
-    pad[:r, :c] = sub
-    blocks = pad.reshape(pad.shape[0] // t, t, pad.shape[1] // t, t)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN tiles: NaN is the answer
-        out = np.nanmax(blocks, axis=(1, 3)) if how == "max" else np.nanmean(blocks, axis=(1, 3))
-    return out.astype(np.float32)
+    rows, cols = -(-r // t), -(-c // t)
+    if (rows * t, cols * t) != (r, c):  # ragged edge tiles: pad with NaN, which is ignored
+        sub = np.pad(sub, ((0, rows * t - r), (0, cols * t - c)), constant_values=np.nan)
+    if how == "max":  # fmax skips NaN unless both sides are NaN
+        return _pool(sub, t, np.fmax)
+    seen = ~np.isnan(sub)
+    total = _pool(np.where(seen, sub, np.float32(0)), t, np.add)
+    count = _pool(seen.astype(np.int32), t, np.add)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (total / count).astype(np.float32)  # 0 / 0: an all-NaN tile stays NaN
+
+
+def count(mask: np.ndarray, view: View) -> np.ndarray:
+    """How many cells of each tile of mask[q0:q1, k0:k1] are True (int32; no float pass)."""
+    sub = np.asarray(mask, dtype=bool)[view.q0 : view.q1, view.k0 : view.k1]
+    t = view.tile
+    r, c = sub.shape
+    sub = np.pad(sub, ((0, -r % t), (0, -c % t))).astype(np.int32)
+    return _pool(sub, t, np.add)
+
+
+def _pool(a: np.ndarray, t: int, op: np.ufunc) -> np.ndarray:
+    """op-reduce each t x t tile of a (both sides multiples of t): keys first, then rows."""
+    r, c = a.shape
+    along_keys = op.reduce(a.reshape(r, c // t, t), axis=2)
+    return op.reduce(along_keys.reshape(r // t, t, c // t), axis=1)
 
 
 def view_labels(view: View, blocks: pd.DataFrame | None, n: int, axis: str) -> list[str]:
