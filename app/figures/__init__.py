@@ -1,6 +1,6 @@
 """Pure functions from store data (numpy arrays, DataFrames) to plotly figures, one module per
 kind of chart: common (labels, palettes), heatmaps, masks, curves, depth, tokens, speed, preview,
-needle, diff, tiles.
+needle, diff, tiles, layer_data.
 
 No Streamlit here, so every figure is unit-tested on plain inputs. Pages import the package and
 call `figures.<name>`; the names below stay importable from here.
@@ -18,11 +18,13 @@ from sketchwalk.app.figures.curves import CURVES, layer_curves
 from sketchwalk.app.figures.depth import depth_figures, depth_matrices
 from sketchwalk.app.figures.diff import MaskDiff, diff_curves, diff_figure, mask_diff
 from sketchwalk.app.figures.heatmaps import (
+    data_figures,
     heatmap_figure,
     layer_figures,
     log_values,
     mask_view_figure,
 )
+from sketchwalk.app.figures.layer_data import LayerData, layer_data
 from sketchwalk.app.figures.masks import (
     causal_mask,
     find_misses,
@@ -44,6 +46,7 @@ from sketchwalk.app.figures.tokens import decode_figure, kl_strip, token_table
 
 __all__ = [
     "CURVES",
+    "LayerData",
     "LOG_FLOOR",
     "MAX_SIDE",
     "MaskDiff",
@@ -55,6 +58,7 @@ __all__ = [
     "aggregate",
     "block_labels",
     "causal_mask",
+    "data_figures",
     "decode_figure",
     "depth_figures",
     "depth_matrices",
@@ -66,6 +70,7 @@ __all__ = [
     "kept_density",
     "kl_strip",
     "layer_curves",
+    "layer_data",
     "layer_figures",
     "log_values",
     "mask_diff",

@@ -14,16 +14,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from sketchwalk.app.figures.common import (
-    LOG_FLOOR,
-    MATRIX_TITLES,
-    OKABE_ITO,
-    _arr,
-    _block_layout,
-    block_labels,
-)
-from sketchwalk.app.figures.masks import causal_mask, find_misses, mask_figure
-from sketchwalk.app.figures.tiles import MAX_SIDE, View, aggregate, plan_view, view_labels
+from sketchwalk.app.figures.common import LOG_FLOOR, MATRIX_TITLES, OKABE_ITO, _arr, _block_layout
+from sketchwalk.app.figures.layer_data import LayerData, layer_data, mask_data
+from sketchwalk.app.figures.masks import find_misses, mask_figure
+from sketchwalk.app.figures.tiles import MAX_SIDE, View, view_labels
 
 
 def log_values(z: np.ndarray) -> np.ndarray:
@@ -85,65 +79,28 @@ def layer_figures(
 ) -> dict[str, go.Figure]:
     """The four matrices of one layer (store.heatmap output), keyed sketch/walk/exact/mask.
 
-    Matrices a layer lacks (a dense layer has no walk or selection; long contexts no exact mass)
-    are left out, so the page says so instead of drawing an empty chart. A layer wider than
-    `max_side` blocks, or a `region` (q_lo, q_hi, k_lo, k_hi), is drawn through `tiles`.
+    Matrices a layer lacks are left out, so the page says so instead of drawing an empty chart.
+    A layer wider than `max_side` blocks, or a `region` (q_lo, q_hi, k_lo, k_hi), is tiled
+    (see layer_data). The page caches `layer_data` and calls `data_figures` itself.
     """
-    q_blocks = np.asarray(hm["q_blocks"])
-    n = int(hm["n_blocks"])
-    view = plan_view(n, region, max_side)
-    if view.tiled or region is not None:
-        return _view_figures(hm, blocks, view, log, palette, miss_threshold)
-    labels = block_labels(blocks, n)
-    rows = q_blocks if q_blocks.size else np.arange(n)
-    y_labels = [labels[int(q)] for q in rows]
-    out: dict[str, go.Figure] = {}
-    for name in ("sketch", "walk", "exact"):
-        z = hm.get(name)
-        if z is None:
-            continue
-        z = np.asarray(z)[rows]
-        if np.isnan(z).all():
-            continue
-        out[name] = heatmap_figure(z, MATRIX_TITLES[name], labels, y_labels, log, palette)
-    walk = hm.get("walk")
-    if walk is not None and not np.isnan(np.asarray(walk)[rows]).all():
-        selected = np.asarray(hm["selected"])[rows]
-        exact = hm.get("exact")
-        exact_rows = None if exact is None else np.asarray(exact)[rows]
-        misses = find_misses(exact_rows, selected, miss_threshold)
-        out["mask"] = mask_figure(
-            selected, causal_mask(len(rows), n, rows), labels, y_labels, misses=misses
-        )
-    return out
+    return data_figures(layer_data(hm, blocks, region, max_side), log, palette, miss_threshold)
 
 
-def _view_figures(
-    hm: dict[str, Any],
-    blocks: pd.DataFrame | None,
-    view: View,
-    log: bool,
-    palette: str,
-    miss_threshold: float,
+def data_figures(
+    data: LayerData, log: bool = False, palette: str = "Viridis", miss_threshold: float = 0.05
 ) -> dict[str, go.Figure]:
-    """A region of a layer, tiled (max colours, mean in the hover) or in full detail."""
-    n = int(hm["n_blocks"])
-    y = view_labels(view, blocks, n, "q")
-    x = view_labels(view, blocks, n, "k")
-    note = f" · tiles of {view.tile}×{view.tile} blocks (max)" if view.tiled else ""
-    out: dict[str, go.Figure] = {}
-    for name in ("sketch", "walk", "exact"):
-        z = hm.get(name)
-        if z is None or np.isnan(np.asarray(z)).all():
-            continue
-        zmax = aggregate(z, view, "max")
-        mean = aggregate(z, view, "mean") if view.tiled else None
-        out[name] = heatmap_figure(zmax, MATRIX_TITLES[name] + note, x, y, log, palette, mean=mean)
-    walk = hm.get("walk")
-    if walk is None or np.isnan(np.asarray(walk)).all():
-        return out
-    exact = hm.get("exact")
-    out["mask"] = mask_view_figure(hm["selected"], exact, view, blocks, miss_threshold)
+    """A layer's built arrays drawn: heatmaps (max colours, mean in the hover when tiled) and the
+    kept mask (share kept per tile when tiled, else kept vs dropped with the misses)."""
+    out = {
+        name: heatmap_figure(
+            z, MATRIX_TITLES[name] + data.note, data.x, data.y, log, palette, mean=mean
+        )
+        for name, (z, mean) in data.mats.items()
+    }
+    arrays = {"share": data.share, "kept": data.kept, "causal": data.causal, "exact": data.exact}
+    mask = _mask_figure(arrays, data.x, data.y, miss_threshold, MATRIX_TITLES["mask"])
+    if mask is not None:
+        out["mask"] = mask
     return out
 
 
@@ -156,17 +113,24 @@ def mask_view_figure(
     title: str = MATRIX_TITLES["mask"],
 ) -> go.Figure:
     """A kept mask [n, n] in a view: share kept per tile when tiled, else the region's mask."""
-    selected = np.asarray(selected, dtype=bool)
-    n = selected.shape[-1]
-    y = view_labels(view, blocks, n, "q")
-    x = view_labels(view, blocks, n, "k")
-    causal = causal_mask(n, n)
-    if view.tiled:
-        share = aggregate(np.where(causal, selected, np.nan), view, "mean")
-        fig = heatmap_figure(share, f"{title} · share kept per tile", x, y)
+    n = np.shape(selected)[-1]
+    x, y = view_labels(view, blocks, n, "k"), view_labels(view, blocks, n, "q")
+    return _mask_figure(mask_data(selected, exact, view), x, y, miss_threshold, title)
+
+
+def _mask_figure(
+    mask: dict[str, Any],
+    x: Sequence[str],
+    y: Sequence[str],
+    miss_threshold: float,
+    title: str,
+) -> go.Figure | None:
+    """From mask_data's arrays (share, or kept/causal/exact); None when there is no mask."""
+    if mask.get("share") is not None:
+        fig = heatmap_figure(mask["share"], f"{title} · share kept per tile", x, y)
         fig.data[0].update(zmin=0, zmax=1, colorscale=[[0, "#EEEEEE"], [1, OKABE_ITO["blue"]]])
         return fig
-    sl = (slice(view.q0, view.q1), slice(view.k0, view.k1))
-    ex = None if exact is None else np.asarray(exact)[sl]
-    misses = find_misses(ex, selected[sl], miss_threshold)
-    return mask_figure(selected[sl], causal[sl], x, y, title=title, misses=misses)
+    if mask.get("kept") is None:
+        return None
+    misses = find_misses(mask["exact"], mask["kept"], miss_threshold)
+    return mask_figure(mask["kept"], mask["causal"], x, y, title=title, misses=misses)
