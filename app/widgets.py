@@ -2,7 +2,8 @@
 
 One Store per database URL for the whole process (st.cache_resource): DuckDB allows one writer
 process, so the pages and the in-app worker thread share it. Reads of finished runs are cached
-with st.cache_data (a finished run never changes), which is what makes switching layers cheap.
+with st.cache_data (a finished run never changes); Explore's built layer views sit in one
+bounded LRU per process (layer_views.py), which is what makes switching layers cheap.
 Prompt and generated text is only ever shown through st.text / st.code / dataframes, never as
 markdown or HTML.
 """
@@ -18,6 +19,8 @@ import pandas as pd
 import streamlit as st
 
 from sketchwalk import settings as app_settings
+from sketchwalk.app.figures.layer_data import LayerData, layer_data
+from sketchwalk.app.layer_views import LRU, ViewKey
 from sketchwalk.engine.config import SketchWalkConfig
 from sketchwalk.engine.request import stored_time_only
 from sketchwalk.errors import SketchWalkError
@@ -127,6 +130,34 @@ def heatmap(url: str, run_id: str, phase: str, step: int, layer: int) -> dict[st
     return _store(url).heatmap(run_id, phase, step, layer)
 
 
+@st.cache_resource(show_spinner=False)
+def _layer_views() -> LRU[LayerData]:
+    """One bounded cache of built layer views per process (app/layer_views.py says why)."""
+    return LRU()
+
+
+def layer_view(
+    url: str,
+    run_id: str,
+    phase: str,
+    step: int,
+    layer: int,
+    region: tuple[int, int, int, int] | None = None,
+) -> LayerData:
+    """A layer's figure-ready arrays (tiles when wide), built once per process and zoom.
+
+    A miss reads the store directly, not through `heatmap`: at 2048 blocks its cache would
+    pickle a 50 MB copy of matrices that the view has already reduced to 256 x 256 tiles.
+    """
+    key = ViewKey(url, run_id, phase, int(step), int(layer), region)
+    return _layer_views().get(
+        key,
+        lambda: layer_data(
+            _store(url).heatmap(run_id, phase, step, layer), blocks(url, run_id), region
+        ),
+    )
+
+
 @st.cache_data(show_spinner=False, max_entries=64)
 def decode_rows(url: str, run_id: str, layer: int) -> dict[str, Any]:
     return _store(url).decode_rows(run_id, layer)
@@ -161,6 +192,7 @@ def clear_caches() -> None:
     """After a delete or an import: cached reads may name runs that changed."""
     for fn in (heatmap, decode_rows, layer_stats, blocks, tokens, run_meta, last_rows):
         fn.clear()
+    _layer_views().clear()
 
 
 # ---- choosing a run -------------------------------------------------------------------------

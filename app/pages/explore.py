@@ -8,7 +8,9 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pandas as pd
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from sketchwalk.app import figures, prompts, widgets
 from sketchwalk.engine.records import group_phase, split_phase
@@ -22,6 +24,7 @@ from sketchwalk.store.needle import (
 )
 
 PLAY_INTERVAL_S = 0.8
+PREVIEW_HINT = "The preview re-thresholds stored prefill scores of a sparse layer: pick one above."
 ALL_GROUPS = -1  # the group picker's "all groups" (None would show as an empty choice)
 
 store = widgets.setup("Explore")
@@ -32,7 +35,6 @@ if run_id is None:
     st.stop()
 
 run = widgets.run_meta(url, run_id)
-cfg = run.get("config") or {}
 stats = widgets.layer_stats(url, run_id)
 blocks = widgets.blocks(url, run_id)
 prompt_tokens = int(run.get("prompt_tokens") or 0)
@@ -106,164 +108,168 @@ with c4:
         help="Blocks with at least this exact mass that were not selected are marked as misses.",
     )
 
-layers = sorted(stats.loc[(stats["phase"] == phase) & (stats["step"] == step), "layer"].tolist())
-if "ex_layer_next" in st.session_state:
-    st.session_state["ex_layer"] = st.session_state.pop("ex_layer_next")
-if st.session_state.get("ex_layer") not in layers:
-    st.session_state["ex_layer"] = next(
-        (
-            x
-            for x in layers
-            if not stats.loc[(stats["phase"] == phase) & (stats["layer"] == x), "dense"].all()
-        ),
-        layers[0],
-    )
-s1, s2 = st.columns([6, 1])
-with s1:
-    layer = st.select_slider("Layer", layers, key="ex_layer")
-with s2:
-    playing = st.session_state.get("ex_playing", False)
-    if st.button("⏸ Pause" if playing else "▶ Play layers", key="btn_play"):
-        playing = not playing
-        st.session_state["ex_playing"] = playing
 
-
-@st.cache_data(show_spinner=False, max_entries=64)
-def _layer_figures(
-    url: str,
-    run_id: str,
-    data_phase: str,
+@st.fragment
+def layer_panel(
+    run: dict,
+    stats: pd.DataFrame,
+    blocks: pd.DataFrame,
+    phase: str,
     step: int,
-    layer: int,
-    log: bool,
     palette: str,
+    log: bool,
     miss_threshold: float,
-    region: tuple[int, int, int, int] | None,
-) -> dict:
-    """A layer's figures, cached: revisiting a layer (or moving another control) skips the
-    tiling and figure building, which dominate at 2048 blocks."""
-    layer_hm = widgets.heatmap(url, run_id, data_phase, step, layer)
-    layer_blocks = widgets.blocks(url, run_id)
-    return figures.layer_figures(
-        layer_hm,
-        layer_blocks,
-        log=log,
-        palette=palette,
-        miss_threshold=miss_threshold,
-        region=region,
-    )
-
-
-# ---- KV-head group (runs with per-group selection) -------------------------------------------
-group_ids = sorted(
-    {
-        g
-        for ph in stats["phase"].unique()
-        for base, g in [split_phase(ph)]
-        if base == phase and g is not None
-    }
-)
-data_phase = phase
-if group_ids:
-    g1, g2 = st.columns([3, 2])
-    with g1:
-        group = st.selectbox(
-            "KV-head group (selection is per group in this run)",
-            [ALL_GROUPS, *group_ids],
-            format_func=lambda g: "all groups (kept by any)" if g == ALL_GROUPS else f"group {g}",
-            key="ex_group",
+    needle_blocks: list[int],
+) -> None:
+    """Everything that depends on the layer: a slider move (or Play) reruns only this, not the
+    run picker, the prompt, the needle trace or the controls above."""
+    run_id, cfg = run["id"], run.get("config") or {}
+    here = (stats["phase"] == phase) & (stats["step"] == step)
+    layers = sorted(stats.loc[here, "layer"].tolist())
+    if "ex_layer_next" in st.session_state:
+        st.session_state["ex_layer"] = st.session_state.pop("ex_layer_next")
+    if st.session_state.get("ex_layer") not in layers:
+        st.session_state["ex_layer"] = next(
+            (
+                x
+                for x in layers
+                if not stats.loc[(stats["phase"] == phase) & (stats["layer"] == x), "dense"].all()
+            ),
+            layers[0],
         )
-    with g2:
-        multiples = st.toggle(
-            "Small multiples: every group's kept blocks", key="ex_group_multiples"
+    s1, s2 = st.columns([6, 1])
+    with s1:
+        layer = st.select_slider("Layer", layers, key="ex_layer")
+    with s2:
+        playing = st.session_state.get("ex_playing", False)
+        if st.button("⏸ Pause" if playing else "▶ Play layers", key="btn_play"):
+            playing = not playing
+            st.session_state["ex_playing"] = playing
+
+    # ---- KV-head group (runs with per-group selection) ---------------------------------------
+    group_ids = sorted(
+        {
+            g
+            for ph in stats["phase"].unique()
+            for base, g in [split_phase(ph)]
+            if base == phase and g is not None
+        }
+    )
+    data_phase = phase
+    if group_ids:
+        g1, g2 = st.columns([3, 2])
+        with g1:
+            group = st.selectbox(
+                "KV-head group (selection is per group in this run)",
+                [ALL_GROUPS, *group_ids],
+                format_func=lambda g: (
+                    "all groups (kept by any)" if g == ALL_GROUPS else f"group {g}"
+                ),
+                key="ex_group",
+            )
+        with g2:
+            multiples = st.toggle(
+                "Small multiples: every group's kept blocks", key="ex_group_multiples"
+            )
+        has = (stats["phase"] == group_phase(phase, max(group, 0))) & (stats["step"] == step)
+        if group != ALL_GROUPS and (has & (stats["layer"] == layer)).any():
+            data_phase = group_phase(phase, group)
+
+    # ---- the layer's four matrices ---------------------------------------------------------
+    t0 = time.perf_counter()
+    row = stats[
+        (stats["phase"] == data_phase) & (stats["step"] == step) & (stats["layer"] == layer)
+    ].iloc[0]
+    n_hm = int(row["n_blocks"])
+    region = None
+    if n_hm > figures.MAX_SIDE:  # long context: tiles when zoomed out, full detail in a region
+        z1, z2 = st.columns(2)
+        for key in ("ex_zoom_q", "ex_zoom_k"):
+            lo_hi = st.session_state.get(key)
+            if not (isinstance(lo_hi, tuple | list) and 0 <= lo_hi[0] <= lo_hi[1] < n_hm):
+                st.session_state[key] = (0, n_hm - 1)
+        with z1:
+            zq = st.slider("Zoom: query blocks", 0, n_hm - 1, key="ex_zoom_q")
+        with z2:
+            zk = st.slider("Zoom: key blocks", 0, n_hm - 1, key="ex_zoom_k")
+        region = (int(zq[0]), int(zq[1]), int(zk[0]), int(zk[1]))
+    view = figures.plan_view(n_hm, region)
+    url = widgets.db_url()
+    data = widgets.layer_view(url, run_id, data_phase, step, int(layer), region)
+    figs = figures.data_figures(data, log, palette, miss_threshold)
+    for fig in figs.values():
+        figures.outline_blocks(fig, needle_blocks, n_hm, view)
+    build_ms = widgets.ms(t0)
+
+    m = st.columns(5)
+    m[0].metric("Achieved density", "dense" if row["dense"] else f"{row['density_achieved']:.3f}")
+    m[1].metric("Target density", f"{cfg.get('density', float('nan')):.3f}")
+    m[2].metric(
+        "Sketch error (TV)", "–" if np.isnan(row["sketch_error"]) else f"{row['sketch_error']:.3f}"
+    )
+    m[3].metric("Mass recall", "–" if np.isnan(row["mass_recall"]) else f"{row['mass_recall']:.3f}")
+    n_miss = (
+        0
+        if row["dense"] or data.exact_full is None
+        else len(figures.find_misses(data.exact_full, data.kept_full, miss_threshold)[0])
+    )
+    m[4].metric("Misses", n_miss)
+    detail = (
+        f" · zoomed out: tiles of {view.tile}×{view.tile} blocks (colour = max, hover = max and"
+        f" mean); narrow the zoom sliders to {figures.MAX_SIDE} blocks or fewer for full detail"
+        if view.tiled
+        else ""
+    )
+    st.caption(f"Layer {layer} · {n_hm} blocks · data + figures {build_ms:.0f} ms{detail}")
+    if group_ids:
+        _, which = split_phase(data_phase)
+        st.caption(
+            f"Matrices and metrics describe KV-head group {which}."
+            if which is not None
+            else "Matrices and metrics describe all KV-head groups (estimates averaged, kept = "
+            "kept by any group)."
         )
-    has = (stats["phase"] == group_phase(phase, max(group, 0))) & (stats["step"] == step)
-    if group != ALL_GROUPS and (has & (stats["layer"] == layer)).any():
-        data_phase = group_phase(phase, group)
+        if multiples:
+            cols = st.columns(len(group_ids))
+            for col, g in zip(cols, group_ids, strict=True):
+                gphase = group_phase(phase, g)
+                if not ((stats["phase"] == gphase) & (stats["layer"] == layer)).any():
+                    continue
+                gdata = widgets.layer_view(url, run_id, gphase, step, int(layer), region)
+                gfig = figures.data_figures(gdata, miss_threshold=miss_threshold).get("mask")
+                if gfig is not None:
+                    gfig.update_layout(title={"text": f"Group {g}: kept blocks"}, height=320)
+                    with col:
+                        st.plotly_chart(gfig, key=f"group_mask_{g}", config={"displaylogo": False})
 
-# ---- the layer's four matrices -------------------------------------------------------------
-t0 = time.perf_counter()
-hm = widgets.heatmap(url, run_id, data_phase, int(step), int(layer))
-n_hm = int(hm["n_blocks"])
-region = None
-if n_hm > figures.MAX_SIDE:  # long context: tiles when zoomed out, full detail in a region
-    z1, z2 = st.columns(2)
-    for key in ("ex_zoom_q", "ex_zoom_k"):
-        lo_hi = st.session_state.get(key)
-        if not (isinstance(lo_hi, tuple | list) and 0 <= lo_hi[0] <= lo_hi[1] < n_hm):
-            st.session_state[key] = (0, n_hm - 1)
-    with z1:
-        zq = st.slider("Zoom: query blocks", 0, n_hm - 1, key="ex_zoom_q")
-    with z2:
-        zk = st.slider("Zoom: key blocks", 0, n_hm - 1, key="ex_zoom_k")
-    region = (int(zq[0]), int(zq[1]), int(zk[0]), int(zk[1]))
-view = figures.plan_view(n_hm, region)
-figs = _layer_figures(
-    url, run_id, data_phase, int(step), int(layer), log, palette, float(miss_threshold), region
-)
-for fig in figs.values():
-    figures.outline_blocks(fig, needle_blocks, n_hm, view)
-build_ms = widgets.ms(t0)
-row = stats[
-    (stats["phase"] == data_phase) & (stats["step"] == step) & (stats["layer"] == layer)
-].iloc[0]
+    order = [k for k in ("sketch", "walk", "exact", "mask") if k in figs]
+    if row["dense"]:
+        st.info(
+            "This layer runs dense attention (no walk, no selection); its sketch estimate is shown."
+        )
+    for i in range(0, len(order), 2):
+        cols = st.columns(2)
+        for col, name in zip(cols, order[i : i + 2], strict=False):
+            with col:
+                st.plotly_chart(figs[name], key=f"hm_{name}", config={"displaylogo": False})
+    if "exact" not in figs and not row["dense"]:
+        st.caption("Exact block mass was not recorded (context longer than the recorder's limit).")
 
-m = st.columns(5)
-m[0].metric("Achieved density", "dense" if row["dense"] else f"{row['density_achieved']:.3f}")
-m[1].metric("Target density", f"{cfg.get('density', float('nan')):.3f}")
-m[2].metric(
-    "Sketch error (TV)", "–" if np.isnan(row["sketch_error"]) else f"{row['sketch_error']:.3f}"
-)
-m[3].metric("Mass recall", "–" if np.isnan(row["mass_recall"]) else f"{row['mass_recall']:.3f}")
-n_miss = (
-    len(figures.find_misses(hm.get("exact"), hm["selected"], miss_threshold)[0])
-    if not row["dense"]
-    else 0
-)
-m[4].metric("Misses", n_miss)
-detail = (
-    f" · zoomed out: tiles of {view.tile}×{view.tile} blocks (colour = max, hover = max and mean);"
-    " narrow the zoom sliders to {0} blocks or fewer for full detail".format(figures.MAX_SIDE)
-    if view.tiled
-    else ""
-)
-st.caption(
-    f"Layer {layer} · {int(hm['n_blocks'])} blocks · data + figures {build_ms:.0f} ms{detail}"
-)
-if group_ids:
-    _, which = split_phase(data_phase)
-    st.caption(
-        f"Matrices and metrics describe KV-head group {which}."
-        if which is not None
-        else "Matrices and metrics describe all KV-head groups (estimates averaged, kept = kept "
-        "by any group)."
+    where = (data_phase, step, int(layer))
+    dense = bool(row["dense"])
+    density_preview(run, where, dense, n_hm, view, region, blocks, miss_threshold, needle_blocks)
+    more_views(
+        run, stats, blocks, phase, step, int(layer), layers, n_hm, log, palette, needle_blocks
     )
-    if multiples:
-        cols = st.columns(len(group_ids))
-        for col, g in zip(cols, group_ids, strict=True):
-            if not ((stats["phase"] == group_phase(phase, g)) & (stats["layer"] == layer)).any():
-                continue
-            ghm = widgets.heatmap(url, run_id, group_phase(phase, g), int(step), int(layer))
-            gfig = figures.layer_figures(ghm, blocks, region=region).get("mask")
-            if gfig is not None:
-                gfig.update_layout(title={"text": f"Group {g}: kept blocks"}, height=320)
-                with col:
-                    st.plotly_chart(gfig, key=f"group_mask_{g}", config={"displaylogo": False})
 
-order = [k for k in ("sketch", "walk", "exact", "mask") if k in figs]
-if row["dense"]:
-    st.info(
-        "This layer runs dense attention (no walk, no selection); its sketch estimate is shown."
-    )
-for i in range(0, len(order), 2):
-    cols = st.columns(2)
-    for col, name in zip(cols, order[i : i + 2], strict=False):
-        with col:
-            st.plotly_chart(figs[name], key=f"hm_{name}", config={"displaylogo": False})
-if "exact" not in figs and not row["dense"]:
-    st.caption("Exact block mass was not recorded (context longer than the recorder's limit).")
-
-# ---- density preview -----------------------------------------------------------------------
+    if st.session_state.get("ex_playing"):
+        i = layers.index(layer)
+        if i + 1 < len(layers):
+            time.sleep(PLAY_INTERVAL_S)
+            st.session_state["ex_layer_next"] = layers[i + 1]
+            ctx = get_script_run_ctx()  # a fragment-scoped rerun is refused during a full run
+            st.rerun(scope="fragment" if ctx and ctx.fragment_ids_this_run else "app")
+        st.session_state["ex_playing"] = False
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -278,19 +284,35 @@ def _preview(url: str, run_id: str, layer: int, rho: float) -> np.ndarray:
     return figures.preview_selection(method_scores, int(meta.get("prompt_tokens") or 0), conf, rho)
 
 
-st.subheader("Density preview")
-scores = figures.method_scores(hm, run.get("method") or cfg.get("method", "sketchwalk"))
-show_preview = True
-if phase != "prefill" or row["dense"] or scores is None:
-    st.caption("The preview re-thresholds stored prefill scores of a sparse layer: pick one above.")
-    show_preview = False
-elif n_hm > figures.MAX_SIDE:  # the engine's selection over thousands of rows takes seconds
-    show_preview = st.toggle(
-        f"Compute the preview ({n_hm} blocks: several seconds per density)",
+def density_preview(
+    run: dict,
+    where: tuple[str, int, int],
+    dense: bool,
+    n: int,
+    view: figures.View,
+    region: tuple[int, int, int, int] | None,
+    blocks: pd.DataFrame,
+    miss_threshold: float,
+    needle_blocks: list[int],
+) -> None:
+    """What a sparse prefill layer (where = data phase, step, layer) would keep at another
+    density. Reads the layer's full matrices, so past MAX_SIDE blocks only when asked."""
+    st.subheader("Density preview")
+    url, run_id, cfg = widgets.db_url(), run["id"], run.get("config") or {}
+    data_phase, step, layer = where
+    if split_phase(data_phase)[0] != "prefill" or dense:
+        st.caption(PREVIEW_HINT)
+        return
+    if n > figures.MAX_SIDE and not st.toggle(  # the engine's selection takes seconds there
+        f"Compute the preview ({n} blocks: several seconds per density)",
         value=False,
         key="ex_preview_on",
-    )
-if show_preview:
+    ):
+        return
+    hm = widgets.heatmap(url, run_id, data_phase, step, layer)
+    if figures.method_scores(hm, run.get("method") or cfg.get("method", "sketchwalk")) is None:
+        st.caption(PREVIEW_HINT)
+        return
     p1, p2 = st.columns([3, 1])
     with p1:
         rho = st.slider(
@@ -301,77 +323,87 @@ if show_preview:
             0.01,
             key="ex_preview_density",
         )
-    kept = _preview(url, run_id, int(layer), float(rho))
-    n = int(hm["n_blocks"])
+    kept = _preview(url, run_id, layer, float(rho))
     causal = figures.causal_mask(n, n)
-    labels = figures.block_labels(blocks, n)
     recall = figures.mass_recall(hm.get("exact"), kept)
     with p2:
         st.metric("Preview density", f"{figures.kept_density(kept, causal):.3f}")
         st.metric("Preview mass recall", "–" if recall is None else f"{recall:.3f}")
     ptitle = f"PREVIEW (not a run): blocks kept at density {rho:.2f}, layer {layer}"
     if region is None:
-        pfig = figures.mask_figure(
-            kept,
-            causal,
-            labels,
-            labels,
-            title=ptitle,
-            misses=figures.find_misses(hm.get("exact"), kept, miss_threshold),
-        )
+        labels = figures.block_labels(blocks, n)
+        misses = figures.find_misses(hm.get("exact"), kept, miss_threshold)
+        pfig = figures.mask_figure(kept, causal, labels, labels, title=ptitle, misses=misses)
     else:
         pfig = figures.mask_view_figure(
             kept, hm.get("exact"), view, blocks, miss_threshold, title=ptitle
         )
-    figures.outline_blocks(pfig, needle_blocks, n, view if region is not None else None)
+    figures.outline_blocks(pfig, needle_blocks, n, None if region is None else view)
     st.plotly_chart(pfig, key="preview", config={"displaylogo": False})
     if st.button(f"Re-run at density {rho:.2f} for real", key="btn_rerun_density"):
-        job_id = widgets.submit(store, widgets.rerun_request(run, density=float(rho)))
+        job_id = widgets.submit(widgets.get_store(), widgets.rerun_request(run, density=float(rho)))
         st.success(f"Queued job {job_id[:8]} at density {rho:.2f}; follow it on the New run page.")
 
-# ---- more views ----------------------------------------------------------------------------
-view = st.radio(
-    "More",
-    ["Per-layer curves", "Depth view (the walk)", "Decode tokens"],
-    horizontal=True,
-    key="ex_view",
-)
-if view == "Per-layer curves":
-    cur = stats[(stats["phase"] == phase) & (stats["step"] == step)]
-    st.plotly_chart(figures.layer_curves(cur, int(layer)), key="curves")
-elif view == "Depth view (the walk)":
-    n_q = int(hm["n_blocks"])
-    q_block = st.number_input("Query block", 0, n_q - 1, n_q - 1, key="ex_depth_q")
-    pre = [x for x in layers if phase == "prefill"]
-    if phase != "prefill":
-        st.caption("The depth view reads prefill layers; switch the phase to prefill.")
-    else:
-        mats = [(x, widgets.heatmap(url, run_id, "prefill", 0, int(x))) for x in pre]
+
+def more_views(
+    run: dict,
+    stats: pd.DataFrame,
+    blocks: pd.DataFrame,
+    phase: str,
+    step: int,
+    layer: int,
+    layers: list[int],
+    n: int,
+    log: bool,
+    palette: str,
+    needle_blocks: list[int],
+) -> None:
+    """Per-layer curves, the depth view of the walk, or the decode tokens of this layer."""
+    url, run_id, cfg = widgets.db_url(), run["id"], run.get("config") or {}
+    prompt_tokens = int(run.get("prompt_tokens") or 0)
+    view = st.radio(
+        "More",
+        ["Per-layer curves", "Depth view (the walk)", "Decode tokens"],
+        horizontal=True,
+        key="ex_view",
+    )
+    if view == "Per-layer curves":
+        cur = stats[(stats["phase"] == phase) & (stats["step"] == step)]
+        st.plotly_chart(figures.layer_curves(cur, layer), key="curves")
+    elif view == "Depth view (the walk)":
+        q_block = st.number_input("Query block", 0, n - 1, n - 1, key="ex_depth_q")
+        if phase != "prefill":
+            st.caption("The depth view reads prefill layers; switch the phase to prefill.")
+            return
+        mats = [(x, widgets.heatmap(url, run_id, "prefill", 0, int(x))) for x in layers]
         depth = figures.depth_matrices(mats, int(q_block), prompt_tokens, cfg)
         if not depth["layers"]:
             st.caption("No sparse layers with walk scores in this run.")
-        else:
-            st.caption(
-                f"Orange circles: blocks kept thanks to the walk (the per-layer estimate alone would have "
-                f"dropped them): {int(depth['rescued'].sum())} block-layers carrying on average "
-                f"{depth['rescued_mass']:.3f} of the exact mass per layer."
-            )
-            dfigs = figures.depth_figures(depth, blocks, log=log, palette=palette)
-            for name, fig in dfigs.items():
-                figures.outline_blocks(fig, needle_blocks, int(depth["n_blocks"]))
-                st.plotly_chart(fig, key=f"depth_{name}")
-else:
-    rows = widgets.decode_rows(url, run_id, int(layer))
-    toks = widgets.tokens(url, run_id)
-    gen = toks[(toks["variant"] == "sparse") & (toks["position"] >= prompt_tokens)].sort_values(
-        "position"
-    )
-    fig = figures.decode_figure(rows, list(gen["text"]), blocks)
-    if fig is None:
-        st.caption("No decode records for this layer (dense decode, or no tokens generated).")
+            return
+        st.caption(
+            f"Orange circles: blocks kept thanks to the walk (the per-layer estimate alone would "
+            f"have dropped them): {int(depth['rescued'].sum())} block-layers carrying on average "
+            f"{depth['rescued_mass']:.3f} of the exact mass per layer."
+        )
+        dfigs = figures.depth_figures(depth, blocks, log=log, palette=palette)
+        for name, fig in dfigs.items():
+            figures.outline_blocks(fig, needle_blocks, int(depth["n_blocks"]))
+            st.plotly_chart(fig, key=f"depth_{name}")
     else:
-        figures.outline_blocks(fig, needle_blocks, int(np.max(rows["n_blocks"])))
-        st.plotly_chart(fig, key="decode")
+        rows = widgets.decode_rows(url, run_id, layer)
+        toks = widgets.tokens(url, run_id)
+        gen = toks[(toks["variant"] == "sparse") & (toks["position"] >= prompt_tokens)]
+        fig = figures.decode_figure(rows, list(gen.sort_values("position")["text"]), blocks)
+        if fig is None:
+            st.caption("No decode records for this layer (dense decode, or no tokens generated).")
+        else:
+            figures.outline_blocks(fig, needle_blocks, int(np.max(rows["n_blocks"])))
+            st.plotly_chart(fig, key="decode")
+
+
+layer_panel(
+    run, stats, blocks, phase, int(step), palette, log, float(miss_threshold), needle_blocks
+)
 
 st.download_button(
     "Download this run (Parquet zip)",
@@ -381,11 +413,3 @@ st.download_button(
     on_click="ignore",
     key="btn_download_run",
 )
-
-if st.session_state.get("ex_playing"):
-    i = layers.index(layer)
-    if i + 1 < len(layers):
-        time.sleep(PLAY_INTERVAL_S)
-        st.session_state["ex_layer_next"] = layers[i + 1]
-        st.rerun()
-    st.session_state["ex_playing"] = False
