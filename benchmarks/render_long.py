@@ -24,6 +24,12 @@ from pathlib import Path
 from sketchwalk.benchmarks.app_latency import CHROMIUM, _free_port, _wait_healthy
 
 
+def _caption(page, text: str):
+    """A caption holding text. Captions only: a text search of the whole page would also scan
+    the prompt (half a megabyte at 128k tokens), which costs the browser more than the step."""
+    return page.locator('[data-testid="stCaptionContainer"]').filter(has_text=text).first
+
+
 def _settled(page) -> None:
     page.wait_for_timeout(100)
     page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden")
@@ -57,7 +63,7 @@ def measure(url: str, run_id: str, layers: int, shot: Path | None = None) -> dic
         page.set_default_timeout(600_000)
         t0 = time.monotonic()
         page.goto(f"{url}/explore?run={run_id}")
-        page.get_by_text("data + figures").first.wait_for()
+        _caption(page, "data + figures").wait_for()
         page.locator(".js-plotly-plot .heatmaplayer").nth(2).wait_for()  # sketch, walk, mask
         _settled(page)
         first = time.monotonic() - t0
@@ -70,13 +76,13 @@ def measure(url: str, run_id: str, layers: int, shot: Path | None = None) -> dic
             page.locator('[data-testid="stSlider"]').filter(has_text="Layer").get_by_role("slider")
         )
         moves: dict[str, list[float]] = {"new": [], "cached": [], "far": []}
-        start = int(page.get_by_text("data + figures").first.inner_text().split()[1])
+        start = int(_caption(page, "data + figures").inner_text().split()[1])
         for keys, kind, target in _path(start, layers):
             slider.focus()
             t = time.monotonic()
             for key in keys:
                 slider.press(key)
-            page.get_by_text(f"Layer {target} ·").first.wait_for()
+            _caption(page, f"Layer {target} ·").wait_for()
             _settled(page)
             moves[kind].append(time.monotonic() - t)
         browser.close()
