@@ -49,8 +49,8 @@ def plan_view(
 def aggregate(z: np.ndarray, view: View, how: str = "max") -> np.ndarray:
     """z[q0:q1, k0:k1] pooled over tile x tile cells (NaN cells ignored; all-NaN tiles stay NaN).
 
-    Reshape-based: each reduction runs first along the contiguous key axis, then across the
-    tile's rows, so a 2048 x 2048 layer costs a few whole-array passes, no Python per cell.
+    Reshape-based (see _pool): a 2048 x 2048 layer costs a few whole-array passes, no Python
+    per cell.
     """
     sub = np.asarray(z, dtype=np.float32)[view.q0 : view.q1, view.k0 : view.k1]
     t = view.tile
@@ -64,7 +64,7 @@ def aggregate(z: np.ndarray, view: View, how: str = "max") -> np.ndarray:
         return _pool(sub, t, np.fmax)
     seen = ~np.isnan(sub)
     total = _pool(np.where(seen, sub, np.float32(0)), t, np.add)
-    count = _pool(seen.astype(np.int32), t, np.add)
+    count = _pool(seen, t, np.add, np.int32)
     with np.errstate(invalid="ignore", divide="ignore"):
         return (total / count).astype(np.float32)  # 0 / 0: an all-NaN tile stays NaN
 
@@ -74,15 +74,17 @@ def count(mask: np.ndarray, view: View) -> np.ndarray:
     sub = np.asarray(mask, dtype=bool)[view.q0 : view.q1, view.k0 : view.k1]
     t = view.tile
     r, c = sub.shape
-    sub = np.pad(sub, ((0, -r % t), (0, -c % t))).astype(np.int32)
-    return _pool(sub, t, np.add)
+    return _pool(np.pad(sub, ((0, -r % t), (0, -c % t))), t, np.add, np.int32)
 
 
-def _pool(a: np.ndarray, t: int, op: np.ufunc) -> np.ndarray:
-    """op-reduce each t x t tile of a (both sides multiples of t): keys first, then rows."""
+def _pool(a: np.ndarray, t: int, op: np.ufunc, dtype: type | None = None) -> np.ndarray:
+    """op-reduce each t x t tile of a (both sides multiples of t). Across the tile's rows first:
+    that combines whole contiguous rows, and leaves t times less for the short key-axis reduce
+    (the other order runs a t-long inner loop per cell: about 9x slower at 2048 x 2048).
+    dtype: the accumulator (int32 counts True cells of a bool array without a cast copy)."""
     r, c = a.shape
-    along_keys = op.reduce(a.reshape(r, c // t, t), axis=2)
-    return op.reduce(along_keys.reshape(r // t, t, c // t), axis=1)
+    across_rows = op.reduce(a.reshape(r // t, t, c), axis=1, dtype=dtype)
+    return op.reduce(across_rows.reshape(r // t, c // t, t), axis=2)
 
 
 def view_labels(view: View, blocks: pd.DataFrame | None, n: int, axis: str) -> list[str]:
