@@ -186,18 +186,18 @@ class ReadsMixin:
             data = self._scores(
                 conn, run_id, t.c.phase == phase, t.c.step == int(step), t.c.layer == int(layer)
             )
-        rows = data.column("q_block").to_numpy()
-        cols = data.column("k_block").to_numpy()
+        # one flat index for the four scatters: 2D fancy indexing recomputes it each time (at
+        # 2048 blocks, 2M cells a matrix, that was most of a layer's read after the query)
+        flat = data.column("q_block").to_numpy().astype(np.int64) * n
+        flat += data.column("k_block").to_numpy()
         out: dict[str, Any] = {"n_blocks": n, "q_blocks": q_blocks}
         for name in ("sketch", "walk", "exact"):
-            grid = np.full((n, n), np.nan, dtype=np.float32)
-            grid[rows, cols] = _floats(data.column(name))
-            out[name] = grid
-        selected = np.zeros((n, n), dtype=bool)
-        selected[rows, cols] = (
-            data.column("selected").fill_null(False).to_numpy(zero_copy_only=False)
-        )
-        out["selected"] = selected
+            grid = np.full(n * n, np.nan, dtype=np.float32)
+            grid[flat] = _floats(data.column(name))
+            out[name] = grid.reshape(n, n)
+        selected = np.zeros(n * n, dtype=bool)
+        selected[flat] = data.column("selected").fill_null(False).to_numpy(zero_copy_only=False)
+        out["selected"] = selected.reshape(n, n)
         return out
 
     def decode_rows(self, run_id: str, layer: int) -> dict[str, Any]:
