@@ -178,3 +178,46 @@ def test_runs_without_groups_show_no_group_picker(known_pair):
     url, a, _ = known_pair
     at = _explore(a)
     assert not [s for s in at.selectbox if s.key == "ex_group"]
+
+
+def test_layer_slider_shows_each_layer_and_a_revisit_comes_from_the_view_cache(
+    monkeypatch, tmp_path
+):
+    from sketchwalk.benchmarks.long_run import make_long_result
+    from sketchwalk.store.core import Store
+
+    url = str(tmp_path / "steps.duckdb")
+    res = make_long_result(17_000, layers=4, decode=0)  # 266 blocks: tiles of 2x2
+    with open_store(url) as store:
+        rid = store.create_run({"prompt": res.prompt, "config": res.config}, status="running")
+        store.save_result(rid, res)
+        walks = {x: store.heatmap(rid, "prefill", 0, x)["walk"] for x in (1, 2, 3)}
+    reads: list[int] = []
+    real = Store.heatmap
+    monkeypatch.setattr(
+        Store, "heatmap", lambda self, *a: reads.append(a[-1]) or real(self, *a), raising=True
+    )
+    monkeypatch.setenv("SKETCHWALK_DB", url)
+    monkeypatch.setenv("SKETCHWALK_APP_WORKER", "0")
+    at = _explore(rid)
+    shown = {}
+    for layer in (1, 2, 3):
+        if layer != 1:
+            at.select_slider(key="ex_layer").set_value(layer).run()
+            assert not at.exception, at.exception
+        assert at.caption[0].value.startswith(f"Layer {layer} · 266 blocks")
+        walk = next(f for t, f in _charts(at).items() if t.startswith("Walk score W_l"))
+        z = z_array(walk["data"][0])
+        tile_max = np.fmax.reduce(np.fmax.reduce(walks[layer].reshape(133, 2, 133, 2), 3), 1)
+        np.testing.assert_allclose(10**z, np.maximum(tile_max, 1e-6), rtol=1e-4, equal_nan=True)
+        shown[layer] = _charts(at)
+    assert reads == [1, 2, 3]  # each layer read from the store once
+    assert not np.allclose(
+        z_array(next(iter(shown[2].values()))["data"][0]),
+        z_array(next(iter(shown[3].values()))["data"][0]),
+        equal_nan=True,
+    )  # the layers differ, so the comparison below can tell them apart
+
+    at.select_slider(key="ex_layer").set_value(2).run()
+    assert reads == [1, 2, 3]  # the revisit is a cache hit: no store read, no tiling
+    assert _charts(at) == shown[2]
