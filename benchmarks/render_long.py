@@ -1,6 +1,6 @@
 """Explore at long context in a real browser: first load, then layer-slider moves, timed.
 
-Writes one generated run per length (benchmarks/long_run.py, 8 layers, blocks of 64) to a fresh
+Writes one generated run per length (benchmarks/long_run.py, 12 layers, blocks of 64) to a fresh
 DuckDB file, starts `sketchwalk app` on it, opens Explore on the run in Chromium (Debian's,
 through playwright), and times: the first load (page open -> the four heatmaps drawn) and each
 layer-slider step (key press -> the next layer's caption and heatmaps drawn, the script run
@@ -38,9 +38,9 @@ def _settled(page) -> None:
 
 
 def _path(start: int, layers: int) -> list[tuple[list[str], str, int]]:
-    """(keys pressed at once, kind, layer shown after): two neighbour steps up to new layers, two
-    back (revisits), then far jumps to layers never shown: End, three ArrowLeft, Home."""
-    top = min(start + 2, layers - 1)
+    """(keys pressed at once, kind, layer shown after): four neighbour steps up to new layers,
+    four back (revisits), then far jumps to layers never shown: End, three ArrowLeft, Home."""
+    top = min(start + 4, layers - 1)
     path = [(["ArrowRight"], "new", x) for x in range(start + 1, top + 1)]
     path += [(["ArrowLeft"], "cached", x) for x in range(top - 1, start - 1, -1)]
     if layers - 1 > top + 1:
@@ -98,7 +98,7 @@ def measure(url: str, run_id: str, layers: int, shot: Path | None = None) -> dic
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[32768, 131072])
-    ap.add_argument("--layers", type=int, default=8, help="8 leaves room for far jumps")
+    ap.add_argument("--layers", type=int, default=12, help="12 leave room for far jumps")
     ap.add_argument("--screenshots", metavar="DIR", help="save explore-<tokens>.png there")
     args = ap.parse_args(argv)
     from sketchwalk.benchmarks.long_run import make_long_result
