@@ -6,7 +6,7 @@ through playwright), and times: the first load (page open -> the four heatmaps d
 layer-slider step (key press -> the next layer's caption and heatmaps drawn, the script run
 finished), first visit to a layer and a revisit (cached), and far jumps: End, Home or several
 arrow presses at once, then one wait, to a layer not visited before (no neighbour was warm).
-Prints the medians per length.
+Prints the medians per length, with the page's own "data + figures" time (the server's share).
 
     .venv/bin/python -m sketchwalk.benchmarks.render_long --tokens 32768 131072
 """
@@ -28,6 +28,11 @@ def _caption(page, text: str):
     """A caption holding text. Captions only: a text search of the whole page would also scan
     the prompt (half a megabyte at 128k tokens), which costs the browser more than the step."""
     return page.locator('[data-testid="stCaptionContainer"]').filter(has_text=text).first
+
+
+def _build_ms(caption: str) -> float:
+    """The page's own 'data + figures N ms': the server's share of a step, browser excluded."""
+    return float(caption.split("data + figures ", 1)[1].split(" ms", 1)[0])
 
 
 def _settled(page) -> None:
@@ -76,18 +81,23 @@ def measure(url: str, run_id: str, layers: int, shot: Path | None = None) -> dic
             page.locator('[data-testid="stSlider"]').filter(has_text="Layer").get_by_role("slider")
         )
         moves: dict[str, list[float]] = {"new": [], "cached": [], "far": []}
+        built: dict[str, list[float]] = {"new": [], "cached": [], "far": []}
         start = int(_caption(page, "data + figures").inner_text().split()[1])
         for keys, kind, target in _path(start, layers):
             slider.focus()
             t = time.monotonic()
             for key in keys:
                 slider.press(key)
-            _caption(page, f"Layer {target} ·").wait_for()
+            caption = _caption(page, f"Layer {target} ·")
+            caption.wait_for()
             _settled(page)
             moves[kind].append(time.monotonic() - t)
+            built[kind].append(_build_ms(caption.inner_text()))
         browser.close()
     med = {k: statistics.median(v) if v else float("nan") for k, v in moves.items()}
+    ms = {k: statistics.median(v) if v else float("nan") for k, v in built.items()}
     return {
+        "built_ms": (ms["new"], ms["cached"], ms["far"]),
         "first_s": first,
         "new_layer_s": med["new"],
         "cached_layer_s": med["cached"],
@@ -124,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         _wait_healthy(url, proc)
         print(
             "tokens  blocks  first load s  layer step s (new layer)  layer step s (revisit)"
-            "  far jump s (new layer)"
+            "  far jump s (new layer)  data + figures ms (new/revisit/far)"
         )
         for n, rid in ids.items():
             shot = Path(args.screenshots) / f"explore-{n}.png" if args.screenshots else None
@@ -132,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{n:>6}  {-(-n // 64):>6}  {r['first_s']:>12.2f}  {r['new_layer_s']:>24.2f}"
                 f"  {r['cached_layer_s']:>22.2f}  {r['far_jump_s']:>22.2f}"
+                f"  {'/'.join(f'{v:.0f}' for v in r['built_ms']):>35}"
             )
     finally:
         proc.terminate()
