@@ -6,7 +6,7 @@ in what an entry weighs. Here a hit hands back the stored object itself (LayerDa
 the page only reads it), so a revisited layer costs the figure drawing alone.
 
 Why 32 entries: an entry at 128k tokens (2048 blocks, tiles of 8) is three 256 x 256 max and
-mean float32 pairs plus the kept share, about 1.9 MB; 32 entries stay near 60 MB per process
+mean float32 pairs plus the kept share, about 1.8 MB; 32 entries stay under 60 MB per process
 whatever the context length (a view never exceeds 256 x 256 cells), and hold every layer of a
 32-layer model at one phase and zoom, so sweeping the slider back and forth stays warm.
 """
