@@ -1,0 +1,170 @@
+"""The CPU block-sparse kernel on the selections a real model makes, against dense SDPA.
+
+Why: random inputs give every row about the same block count, while the layer budget of a real
+model gives rows very different counts (and different sink/window shapes), so the kernel's call
+count and Python overhead there are what a user pays. This captures, during one real prefill of
+the default model on the GPL-3 text, the exact kernel inputs (q, k, v, the lists) of a few sparse
+layers, saves them under /tmp, then times dense SDPA against the kernel on them, interleaved in one
+process (medians), and counts the CPU flash-kernel calls. `--baseline FILE` times a second copy of
+kernels/cpu.py (e.g. `git show main:kernels/cpu.py > /tmp/cpu_main.py`) in the same loop.
+
+    .venv/bin/python -m sketchwalk.benchmarks.kernel_real --tokens 4096 7376 --preset default fast
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from sketchwalk.benchmarks.model import DEFAULT_TEXT, prompt_ids
+from sketchwalk.engine.config import SketchWalkConfig, preset
+from sketchwalk.kernels.cpu import block_sparse_attention_cpu
+
+CAPTURE_DIR = Path("/tmp/sketchwalk-kernel-real")
+FLASH_OP = "aten::_scaled_dot_product_flash_attention_for_cpu"
+
+
+def _config(name: str, density: float) -> SketchWalkConfig:
+    return SketchWalkConfig(density=density) if name == "default" else preset(name, density=density)
+
+
+def capture(tokens: int, preset_name: str, layers: list[int], density: float) -> list[dict]:
+    """The kernel's arguments at the given layers during one sparse prefill of the real model."""
+    import sketchwalk.engine.pipeline as pipeline
+    from sketchwalk.engine.hook import NAME
+    from sketchwalk.engine.models import load_model
+    from sketchwalk.engine.session import Session, sketch_walk_session
+
+    lm = load_model()
+    ids = prompt_ids(lm.tokenizer, DEFAULT_TEXT.read_text(), tokens)
+    saved: list[dict] = []
+    layer_now = [-1]
+    kernel, sparse = pipeline.block_sparse_attention, Session._sparse
+
+    def spy(q, k, v, index, count, b, causal, scale, seq_start, *, backend=None, query_block=None):
+        if layer_now[0] in layers and q.shape[2] == k.shape[2]:
+            saved.append(
+                dict(layer=layer_now[0], q=q.clone(), k=k.clone(), v=v.clone(), index=index.clone(),
+                     count=count.clone(), block=b, scale=scale, seq_start=seq_start,
+                     query_block=query_block)
+            )  # fmt: skip
+        return kernel(q, k, v, index, count, b, causal, scale, seq_start, backend=backend,
+                      query_block=query_block)  # fmt: skip
+
+    def sparse_at(self, phase, layer, *args, **kw):
+        layer_now[0] = layer
+        return sparse(self, phase, layer, *args, **kw)
+
+    pipeline.block_sparse_attention = spy
+    Session._sparse = sparse_at
+    lm.model.set_attn_implementation(NAME)
+    try:
+        with torch.inference_mode(), sketch_walk_session(_config(preset_name, density)):
+            lm.model(ids, use_cache=True, logits_to_keep=1)
+    finally:
+        pipeline.block_sparse_attention = kernel
+        Session._sparse = sparse
+        lm.model.set_attn_implementation("sdpa")
+    return saved
+
+
+def _load_kernel(path: Path) -> Callable:
+    spec = importlib.util.spec_from_file_location("_kernel_baseline", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.block_sparse_attention_cpu
+
+
+def _flash_calls(fn: Callable[[], object]) -> int:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(e.count for e in prof.key_averages() if e.key == FLASH_OP)
+
+
+def time_layer(cap: dict, kernels: dict[str, Callable], repeats: int) -> dict:
+    """Median ms of dense SDPA and of each kernel on one capture, interleaved; flash-call counts
+    and the largest difference between the kernels' outputs."""
+    q, k, v = cap["q"], cap["k"], cap["v"]
+
+    def dense() -> torch.Tensor:
+        return F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=cap["scale"], enable_gqa=True
+        )
+
+    def run(fn: Callable) -> Callable[[], torch.Tensor]:
+        return lambda: fn(q, k, v, cap["index"], cap["count"], cap["block"], True, cap["scale"],
+                          cap["seq_start"], query_block=cap["query_block"])  # fmt: skip
+
+    variants = {"dense": dense} | {name: run(fn) for name, fn in kernels.items()}
+    for fn in variants.values():  # warm-up
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for rep in range(repeats):
+        order = list(variants) if rep % 2 == 0 else list(reversed(variants))
+        for name in order:
+            t0 = time.perf_counter()
+            variants[name]()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    row = {name: statistics.median(ts) for name, ts in times.items()}
+    row["calls"] = {name: _flash_calls(variants[name]) for name in kernels}
+    outs = [variants[name]() for name in kernels]
+    row["max_diff"] = max((o - outs[0]).abs().max().item() for o in outs)
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[4096])
+    ap.add_argument("--preset", nargs="+", default=["default"])
+    ap.add_argument("--layers", type=int, nargs="+", default=[2, 10, 20, 29])
+    ap.add_argument("--density", type=float, default=0.2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--baseline", type=Path, help="another copy of kernels/cpu.py to time too")
+    ap.add_argument("--recapture", action="store_true", help="ignore saved captures")
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    kernels = {"kernel": block_sparse_attention_cpu}
+    if args.baseline:
+        kernels = {"baseline": _load_kernel(args.baseline)} | kernels
+    CAPTURE_DIR.mkdir(exist_ok=True)
+    names = list(kernels)
+    head = f"{'preset':>7} {'tokens':>6} {'layer':>5} {'dense ms':>9}"
+    for n in names:
+        head += f" {n + ' ms':>12} {'x':>5} {'calls':>5}"
+    print(head, flush=True)
+    for tokens in args.tokens:
+        for name in args.preset:
+            path = CAPTURE_DIR / f"{name}-{tokens}-{args.density}.pt"
+            if path.exists() and not args.recapture:
+                caps = torch.load(path)
+            else:
+                caps = capture(tokens, name, args.layers, args.density)
+                torch.save(caps, path)
+            total = dict.fromkeys(["dense", *names], 0.0)
+            for cap in caps:
+                if cap["layer"] not in args.layers:
+                    continue
+                row = time_layer(cap, kernels, args.repeats)
+                line = f"{name:>7} {tokens:>6} {cap['layer']:>5} {row['dense']:>9.1f}"
+                for n in names:
+                    x = row["dense"] / row[n]
+                    line += f" {row[n]:>12.1f} {x:>5.2f} {row['calls'][n]:>5}"
+                print(line + f"  (max diff {row['max_diff']:.1e})", flush=True)
+                for n in total:
+                    total[n] += row[n]
+            line = f"{name:>7} {tokens:>6} {'sum':>5} {total['dense']:>9.1f}"
+            for n in names:
+                line += f" {total[n]:>12.1f} {total['dense'] / total[n]:>5.2f} {'':>5}"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
