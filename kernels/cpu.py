@@ -19,6 +19,7 @@ block); the interior/edge split and the count grouping are ours.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -154,8 +155,11 @@ def _plan(
     )
 
 
+@functools.lru_cache(maxsize=32)
 def _triangle(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-    """[1, 1, rows, cols] additive mask: zero except the causal triangle over the last rows columns."""
+    """[1, 1, rows, cols] additive mask: zero except the causal triangle over the last rows columns.
+
+    Cached (never written to): every window call of a layer asks for one of a few shapes."""
     m = torch.zeros(1, 1, rows, cols, dtype=dtype)
     m[..., cols - rows :] = torch.full((rows, rows), _NEG_INF, dtype=dtype).triu(1)
     return m
@@ -185,20 +189,26 @@ class _Runs:
     middle_count: torch.Tensor  # [R]
 
 
-def _share_prefixes(prefix: torch.Tensor, slack: int = _PREFIX_SLACK) -> torch.Tensor:
-    """[BG, nq] leading-run lengths -> lengths shared by segments of consecutive rows.
+def _share_runs(
+    length: torch.Tensor, key: torch.Tensor | None = None, slack: int = _PREFIX_SLACK
+) -> torch.Tensor:
+    """[BG, nq] run lengths -> lengths shared by segments of consecutive rows.
 
-    Rows of a segment read one common sink run as one long query (the fast case of the CPU flash
-    kernel); each row's excess over the segment's minimum (at most `slack` blocks) moves to the
-    scattered middle. Dense rows (a staircase of prefixes) thus fold into one call instead of one
-    64-query call each.
+    Rows of a segment read one common run through one view (one long query for sinks, one strided
+    view for windows) instead of one short call each; each row's excess over the segment's minimum
+    (at most `slack` blocks) moves to the scattered middle. Dense rows (a staircase of prefixes)
+    and real windows (a tile often lacks one of the window's blocks) thus fold into one call.
+    A segment also ends where `key` changes (windows: rows whose runs end elsewhere).
     """
-    out = prefix.clone()
-    for bg, row in enumerate(prefix.tolist()):
+    out = length.clone()
+    keys = None if key is None else key.tolist()
+    for bg, row in enumerate(length.tolist()):
+        kr = keys[bg] if keys is not None else [0] * len(row)
         start, lo, hi = 0, row[0], row[0]
         for i in range(1, len(row) + 1):
             p = row[i] if i < len(row) else 0
-            if p > 0 and lo > 0 and max(hi, p) - min(lo, p) <= slack:
+            same = i < len(row) and kr[i] == kr[start]
+            if same and p > 0 and lo > 0 and max(hi, p) - min(lo, p) <= slack:
                 lo, hi = min(lo, p), max(hi, p)
                 continue
             out[bg, start:i] = lo
@@ -206,7 +216,7 @@ def _share_prefixes(prefix: torch.Tensor, slack: int = _PREFIX_SLACK) -> torch.T
     return out
 
 
-def _runs(ids: torch.Tensor, cnt: torch.Tensor, g: int, nq: int) -> _Runs:
+def _runs(ids: torch.Tensor, cnt: torch.Tensor, g: int, nq: int, r_tile: int) -> _Runs:
     r, kcap = ids.shape
     m = torch.arange(kcap)
     valid = m < cnt.unsqueeze(1)
@@ -224,8 +234,10 @@ def _runs(ids: torch.Tensor, cnt: torch.Tensor, g: int, nq: int) -> _Runs:
         nz = tail_bg[i][tail_bg[i] > 0]
         if nz.numel():
             cap[i] = torch.mode(nz).values
-    suffix = torch.minimum(tail, cap.repeat_interleave(nq))
-    prefix = _share_prefixes(prefix.view(-1, nq)).view(-1)
+    suffix = torch.minimum(tail, cap.repeat_interleave(nq)).view(-1, nq)
+    shift = (last + 1).view(-1, nq) - torch.arange(nq) * r_tile  # equal: one strided view
+    suffix = _share_runs(suffix, shift).view(-1)
+    prefix = _share_runs(prefix.view(-1, nq)).view(-1)
     mid = valid & (m >= prefix.unsqueeze(1)) & (m < (cnt - suffix).unsqueeze(1))
     mid_ids, mid_cnt = _compact(ids, mid, int(ids.max()) + 1 if ids.numel() else 0)
     kmid = max(int(mid_cnt.max()) if mid_cnt.numel() else 0, 1)
@@ -293,6 +305,31 @@ class _Accumulator:
             self._merge(out, cur, o_v, l_v)
 
 
+def _middle_chunks(counts: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """(rows, first list position per row, blocks) pieces that cover each row's middle list.
+
+    One call per distinct count is few calls on random lists, but a real layer budget gives rows
+    almost every count up to ~40. Then each count is split into its binary digits instead: all rows
+    share one call per power of two (about log2 of the largest count), at the price of a few more
+    log-sum-exp merges per row.
+    """
+    sizes = torch.bincount(counts, minlength=1)
+    distinct = int(torch.count_nonzero(sizes[1:]))
+    top = len(sizes) - 1
+    if distinct <= top.bit_length():
+        order = torch.argsort(counts, stable=True)
+        parts = torch.split(order, sizes.tolist())
+        return [(r, torch.zeros_like(r), c) for c, r in enumerate(parts) if c and r.numel()]
+    chunks = []
+    done = torch.zeros_like(counts)
+    for bit in reversed(range(top.bit_length())):
+        rows = torch.nonzero(counts & (1 << bit)).squeeze(1)
+        if rows.numel():
+            chunks.append((rows, done[rows], 1 << bit))
+            done[rows] += 1 << bit
+    return chunks
+
+
 def _consecutive(rows: torch.Tensor) -> list[torch.Tensor]:
     """Split sorted row ids into runs of consecutive ids."""
     if rows.numel() == 0:
@@ -342,7 +379,7 @@ def block_sparse_attention_cpu(
     r_tile = qt // b  # key blocks per query tile
 
     plan = _plan(block_index.cpu(), block_count.cpu(), b, lq, lk, causal, seq_start, qt)
-    runs = _runs(plan.interior, plan.interior_count, g, nq)
+    runs = _runs(plan.interior, plan.interior_count, g, nq, r_tile)
     dt = q.dtype
     q = q.contiguous()
     if nq * tq != lq:
@@ -433,16 +470,12 @@ def block_sparse_attention_cpu(
             o = o.view(hq, n, tq, d).transpose(0, 1)
             acc.add(rows, o, lse.view(hq, n, tq).transpose(0, 1))
 
-    # Scattered middle blocks: gathered (memcpy rows), one call per block count.
+    # Scattered middle blocks: gathered (memcpy rows), a few calls over rows of mixed counts.
     k_rows, v_rows = _block_view(k, b), _block_view(v, b)
-    counts = runs.middle_count
-    order = torch.argsort(counts, stable=True)
-    sizes = torch.bincount(counts, minlength=1).tolist()
-    for c, rows in zip(range(len(sizes)), torch.split(order, sizes), strict=True):
-        if c == 0 or rows.numel() == 0:
-            continue
+    for rows, first, c in _middle_chunks(runs.middle_count):
         n = rows.numel()
-        pos = kv_head[rows].unsqueeze(-1) + runs.middle[rows, :c].unsqueeze(1) * b  # [n,hk,c]
+        cols = runs.middle[rows].gather(1, first.unsqueeze(1) + torch.arange(c))  # [n, c]
+        pos = kv_head[rows].unsqueeze(-1) + cols.unsqueeze(1) * b  # [n, hk, c]
         kg = k_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
         vg = v_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
         attend_rows(rows, kg, vg)
