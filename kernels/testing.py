@@ -122,6 +122,50 @@ def staircase_block_index(
     return index, count
 
 
+def uneven_block_index(
+    batch: int,
+    groups: int,
+    lq: int,
+    lk: int,
+    block_size: int,
+    gen: torch.Generator,
+    tile: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lists shaped like a real layer budget's, one per query tile of `tile` blocks: very uneven
+    counts (each group's first row 1 block, its second nearly all, some rows empty), a sink that
+    may be missing, and a window ending at the diagonal whose first blocks are sometimes dropped."""
+    b, qt = block_size, block_size * tile
+    nq, nk = -(-lq // qt), -(-lk // b)
+    off = lk - lq
+    index = torch.zeros(batch, groups, nq, nk, dtype=torch.int32)
+    count = torch.zeros(batch, groups, nq, dtype=torch.int32)
+
+    def draw(hi: int) -> int:
+        return int(torch.randint(0, hi, (1,), generator=gen))
+
+    for bi in range(batch):
+        for gi in range(groups):
+            for i in range(nq):
+                last = min((off + min(i * qt + qt, lq) - 1) // b, nk - 1)  # last causal block
+                if i == 0:
+                    keep = {draw(last + 1)}
+                elif i == 1 or draw(8) == 0:
+                    keep = set(range(last + 1)) - {draw(last + 1)}
+                elif draw(10) == 0:
+                    keep = set()
+                else:
+                    window = tile + 2 + draw(3)
+                    keep = set(range(max(0, last - window + 1 + draw(2)), last + 1))
+                    if draw(4):
+                        keep.add(0)
+                    extra = torch.randperm(last + 1, generator=gen)[: draw(last + 1)]
+                    keep |= set(extra.tolist())
+                ids = sorted(keep)
+                index[bi, gi, i, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+                count[bi, gi, i] = len(ids)
+    return index, count
+
+
 def poisoned(like: torch.Tensor) -> torch.Tensor:
     """An output buffer full of NaN: any element a kernel forgets to write stays NaN."""
     return torch.full_like(like, float("nan"))

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sketchwalk.kernels.cpu import block_sparse_attention_cpu
+from sketchwalk.kernels.cpu import _middle_chunks, block_sparse_attention_cpu
 from sketchwalk.kernels.reference import (
     block_sparse_attention_reference,
     dense_block_index,
@@ -21,6 +21,7 @@ from sketchwalk.kernels.testing import (
     random_qkv,
     rel_err,
     staircase_block_index,
+    uneven_block_index,
 )
 
 # (batch, heads, kv_heads, lq, lk, head_dim, block, groups)
@@ -212,3 +213,43 @@ def test_query_tiles_hide_left_padding():
     assert rel_err(out, ref) < 1e-5
     with pytest.raises(ValueError, match="multiple of the block size"):
         block_sparse_attention_cpu(q, k, v, t_idx, t_cnt, 16, query_block=24)
+
+
+# (batch, heads, kv_heads, lq, lk, head_dim, block, groups, blocks per query tile)
+UNEVEN_SHAPES = [
+    (1, 9, 3, 640, 640, 32, 16, 3, 4),  # the default model's heads, tiles of 64 over blocks of 16
+    (2, 8, 2, 500, 530, 16, 16, 2, 1),  # one list per block, queries after a cache
+    (1, 4, 4, 300, 300, 16, 32, 4, 2),  # GQA ratio 1, partial last tile
+    (2, 6, 2, 257, 257, 16, 16, 1, 4),  # one list for all heads, a 1-query last tile
+    (1, 12, 3, 700, 700, 16, 64, 3, 1),  # the fast preset's 64-token blocks
+]
+
+
+@pytest.mark.parametrize("shape", UNEVEN_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("padded", [False, True])
+def test_uneven_counts_match_reference(shape, padded):
+    """Rows with 1 block next to rows with nearly all, ragged windows, empty rows: the lists a
+    real layer budget makes (many distinct counts: the middle is split into binary chunks)."""
+    bsz, h, hkv, lq, lk, d, b, g, r = shape
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((shape, padded)).encode()))
+    q, k, v = random_qkv(bsz, h, hkv, lq, lk, d, torch.float32, gen)
+    idx, cnt = uneven_block_index(bsz, g, lq, lk, b, gen, r)
+    starts = None
+    if padded:
+        starts = torch.randint(1, 3 * b, (bsz,), generator=gen)
+    args = (q, k, v, idx, cnt, b, True, None, starts)
+    out = block_sparse_attention_cpu(*args, query_block=r * b)
+    ref = block_sparse_attention_reference(*args, query_block=r * b)
+    assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("counts", [[0, 1, 2, 3, 5, 8, 13, 21, 40, 0, 7], [3, 3, 0, 5], [0, 0]])
+def test_middle_chunks_cover_each_list_once(counts):
+    """Each row's positions 0..count-1 are covered by exactly one chunk, whichever split is used."""
+    c = torch.tensor(counts)
+    seen = torch.zeros(len(counts), max(counts) + 1, dtype=torch.long)
+    for rows, first, size in _middle_chunks(c):
+        for row, f in zip(rows.tolist(), first.tolist(), strict=True):
+            seen[row, f : f + size] += 1
+    want = torch.arange(max(counts) + 1) < c.unsqueeze(1)
+    assert torch.equal(seen, want.long())
