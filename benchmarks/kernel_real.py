@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the sketchwalk command: see docs/speed.md
+import torch  # noqa: E402
 import torch.nn.functional as F
 
 from sketchwalk.benchmarks.model import DEFAULT_TEXT, prompt_ids
