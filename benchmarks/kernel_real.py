@@ -93,7 +93,9 @@ def _flash_calls(fn: Callable[[], object]) -> int:
 
 def time_layer(cap: dict, kernels: dict[str, Callable], repeats: int) -> dict:
     """Median ms of dense SDPA and of each kernel on one capture, interleaved; flash-call counts
-    and the largest difference between the kernels' outputs."""
+    and the largest difference between the kernels' outputs. Also the median CPU time (both
+    threads; with passive OpenMP waits it leaves out time lost to other jobs on a shared machine,
+    so it is the steadier number under load)."""
     q, k, v = cap["q"], cap["k"], cap["v"]
 
     def dense() -> torch.Tensor:
@@ -109,13 +111,16 @@ def time_layer(cap: dict, kernels: dict[str, Callable], repeats: int) -> dict:
     for fn in variants.values():  # warm-up
         fn()
     times: dict[str, list[float]] = {name: [] for name in variants}
+    cpu: dict[str, list[float]] = {name: [] for name in variants}
     for rep in range(repeats):
         order = list(variants) if rep % 2 == 0 else list(reversed(variants))
         for name in order:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             variants[name]()
             times[name].append((time.perf_counter() - t0) * 1e3)
+            cpu[name].append((time.process_time() - c0) * 1e3)
     row = {name: statistics.median(ts) for name, ts in times.items()}
+    row["cpu"] = {name: statistics.median(ts) for name, ts in cpu.items()}
     row["calls"] = {name: _flash_calls(variants[name]) for name in kernels}
     outs = [variants[name]() for name in kernels]
     row["max_diff"] = max((o - outs[0]).abs().max().item() for o in outs)
@@ -138,10 +143,17 @@ def main(argv: list[str] | None = None) -> None:
         kernels = {"baseline": _load_kernel(args.baseline)} | kernels
     CAPTURE_DIR.mkdir(exist_ok=True)
     names = list(kernels)
-    head = f"{'preset':>7} {'tokens':>6} {'layer':>5} {'dense ms':>9}"
-    for n in names:
-        head += f" {n + ' ms':>12} {'x':>5} {'calls':>5}"
+    cols = ["dense", *names]
+    head = f"{'preset':>7} {'tokens':>6} {'layer':>5}" + "".join(f" {n + ' ms':>12}" for n in cols)
+    head += "".join(f" {n + ' x':>10} {'calls':>5}" for n in names)
+    head += "  CPU ms (" + " / ".join(cols) + ")"
     print(head, flush=True)
+
+    def line(name: str, tokens: int, layer: str, ms: dict, cpu: dict, calls: dict) -> str:
+        out = f"{name:>7} {tokens:>6} {layer:>5}" + "".join(f" {ms[n]:>12.1f}" for n in cols)
+        out += "".join(f" {ms['dense'] / ms[n]:>10.2f} {calls.get(n, ''):>5}" for n in names)
+        return out + "  " + " / ".join(f"{cpu[n]:.0f}" for n in cols)
+
     for tokens in args.tokens:
         for name in args.preset:
             path = CAPTURE_DIR / f"{name}-{tokens}-{args.density}.pt"
@@ -150,22 +162,18 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 caps = capture(tokens, name, args.layers, args.density)
                 torch.save(caps, path)
-            total = dict.fromkeys(["dense", *names], 0.0)
+            total = dict.fromkeys(cols, 0.0)
+            total_cpu = dict.fromkeys(cols, 0.0)
             for cap in caps:
                 if cap["layer"] not in args.layers:
                     continue
                 row = time_layer(cap, kernels, args.repeats)
-                line = f"{name:>7} {tokens:>6} {cap['layer']:>5} {row['dense']:>9.1f}"
-                for n in names:
-                    x = row["dense"] / row[n]
-                    line += f" {row[n]:>12.1f} {x:>5.2f} {row['calls'][n]:>5}"
-                print(line + f"  (max diff {row['max_diff']:.1e})", flush=True)
-                for n in total:
+                text = line(name, tokens, str(cap["layer"]), row, row["cpu"], row["calls"])
+                print(text + f"  (max diff {row['max_diff']:.1e})", flush=True)
+                for n in cols:
                     total[n] += row[n]
-            line = f"{name:>7} {tokens:>6} {'sum':>5} {total['dense']:>9.1f}"
-            for n in names:
-                line += f" {total[n]:>12.1f} {total['dense'] / total[n]:>5.2f} {'':>5}"
-            print(line, flush=True)
+                    total_cpu[n] += row["cpu"][n]
+            print(line(name, tokens, "sum", total, total_cpu, {}), flush=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ Why it is shaped like this (measured on the project's 2-core AVX-512 CPU, see do
 - Edge work: one call for all rows; in the common aligned case it is plain `is_causal`, otherwise a
   tiny explicit mask over at most a handful of blocks per row (never a T x T mask).
 - Sink runs shared by neighbouring rows fold those rows into one long query; local windows of
-  consecutive rows are one strided view (row stride = one block), never a copy.
+  consecutive rows are one strided view (row stride = one block), never a copy. Rows whose runs
+  differ by a few blocks share the shorter one (the rest joins the scattered middle): a real
+  model's windows are ragged, and one call per distinct length was most of its calls.
 - Short query tiles fold the query heads of a KV head into one longer query (see _attend).
 - The partial results are merged with their log-sum-exp in fp32.
 Index-list layout follows MInference's block-sparse kernel (sorted key-block ids plus a count per query
@@ -19,14 +21,13 @@ block); the interior/edge split and the count grouping are ours.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 _NEG_INF = float("-inf")
-_PREFIX_SLACK = 4  # blocks a row may give up to share its sink run with its neighbours
+_RUN_SLACK = 4  # blocks a row may give up to share its sink run or window with its neighbours
 _FOLD_MAX_ROWS = 1024  # longer queries already get the kernel's largest query split
 _DECODE_CHUNK_TOKENS = 2048  # K/V rows gathered per decode call: the copy stays in cache
 _DECODE_MASKED_MAX_TOKENS = 4096  # shorter caches: one masked SDPA call beats gathering
@@ -155,11 +156,8 @@ def _plan(
     )
 
 
-@functools.lru_cache(maxsize=32)
 def _triangle(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-    """[1, 1, rows, cols] additive mask: zero except the causal triangle over the last rows columns.
-
-    Cached (never written to): every window call of a layer asks for one of a few shapes."""
+    """[1, 1, rows, cols] additive mask: zero except the causal triangle over the last rows columns."""
     m = torch.zeros(1, 1, rows, cols, dtype=dtype)
     m[..., cols - rows :] = torch.full((rows, rows), _NEG_INF, dtype=dtype).triu(1)
     return m
@@ -190,7 +188,7 @@ class _Runs:
 
 
 def _share_runs(
-    length: torch.Tensor, key: torch.Tensor | None = None, slack: int = _PREFIX_SLACK
+    length: torch.Tensor, key: torch.Tensor | None = None, slack: int = _RUN_SLACK
 ) -> torch.Tensor:
     """[BG, nq] run lengths -> lengths shared by segments of consecutive rows.
 
@@ -303,31 +301,6 @@ class _Accumulator:
             cur.copy_(l_v)
         else:
             self._merge(out, cur, o_v, l_v)
-
-
-def _middle_chunks(counts: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
-    """(rows, first list position per row, blocks) pieces that cover each row's middle list.
-
-    One call per distinct count is few calls on random lists, but a real layer budget gives rows
-    almost every count up to ~40. Then each count is split into its binary digits instead: all rows
-    share one call per power of two (about log2 of the largest count), at the price of a few more
-    log-sum-exp merges per row.
-    """
-    sizes = torch.bincount(counts, minlength=1)
-    distinct = int(torch.count_nonzero(sizes[1:]))
-    top = len(sizes) - 1
-    if distinct <= top.bit_length():
-        order = torch.argsort(counts, stable=True)
-        parts = torch.split(order, sizes.tolist())
-        return [(r, torch.zeros_like(r), c) for c, r in enumerate(parts) if c and r.numel()]
-    chunks = []
-    done = torch.zeros_like(counts)
-    for bit in reversed(range(top.bit_length())):
-        rows = torch.nonzero(counts & (1 << bit)).squeeze(1)
-        if rows.numel():
-            chunks.append((rows, done[rows], 1 << bit))
-            done[rows] += 1 << bit
-    return chunks
 
 
 def _consecutive(rows: torch.Tensor) -> list[torch.Tensor]:
@@ -470,12 +443,16 @@ def block_sparse_attention_cpu(
             o = o.view(hq, n, tq, d).transpose(0, 1)
             acc.add(rows, o, lse.view(hq, n, tq).transpose(0, 1))
 
-    # Scattered middle blocks: gathered (memcpy rows), a few calls over rows of mixed counts.
+    # Scattered middle blocks: gathered (memcpy rows), one call per block count.
     k_rows, v_rows = _block_view(k, b), _block_view(v, b)
-    for rows, first, c in _middle_chunks(runs.middle_count):
+    counts = runs.middle_count
+    order = torch.argsort(counts, stable=True)
+    sizes = torch.bincount(counts, minlength=1).tolist()
+    for c, rows in zip(range(len(sizes)), torch.split(order, sizes), strict=True):
+        if c == 0 or rows.numel() == 0:
+            continue
         n = rows.numel()
-        cols = runs.middle[rows].gather(1, first.unsqueeze(1) + torch.arange(c))  # [n, c]
-        pos = kv_head[rows].unsqueeze(-1) + cols.unsqueeze(1) * b  # [n, hk, c]
+        pos = kv_head[rows].unsqueeze(-1) + runs.middle[rows, :c].unsqueeze(1) * b  # [n,hk,c]
         kg = k_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
         vg = v_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
         attend_rows(rows, kg, vg)
