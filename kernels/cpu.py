@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 _NEG_INF = float("-inf")
-_RUN_SLACK = 4  # blocks a row may give up to share its sink run or window with its neighbours
+_RUN_SLACK = 4  # blocks a row may give up to share its sink run with its neighbours
+_WINDOW_SLACK = 8  # and its window: measured on real layers, 8 beat 4 (see docs/speed.md)
 _FOLD_MAX_ROWS = 1024  # longer queries already get the kernel's largest query split
 _DECODE_CHUNK_TOKENS = 2048  # K/V rows gathered per decode call: the copy stays in cache
 _DECODE_MASKED_MAX_TOKENS = 4096  # shorter caches: one masked SDPA call beats gathering
@@ -239,7 +240,7 @@ def _runs(ids: torch.Tensor, cnt: torch.Tensor, g: int, nq: int, r_tile: int) ->
             cap[i] = torch.mode(nz).values
     suffix = torch.minimum(tail, cap.repeat_interleave(nq)).view(-1, nq)
     shift = (last + 1).view(-1, nq) - torch.arange(nq) * r_tile  # equal: one strided view
-    suffix = _share_runs(suffix, shift).view(-1)
+    suffix = _share_runs(suffix, shift, _WINDOW_SLACK).view(-1)
     prefix = _share_runs(prefix.view(-1, nq)).view(-1)
     mid = valid & (m >= prefix.unsqueeze(1)) & (m < (cnt - suffix).unsqueeze(1))
     mid_ids, mid_cnt = _compact(ids, mid, int(ids.max()) + 1 if ids.numel() else 0)
