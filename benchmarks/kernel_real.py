@@ -52,13 +52,15 @@ def capture(tokens: int, preset_name: str, layers: list[int], density: float) ->
 
     def spy(q, k, v, index, count, b, causal, scale, seq_start, *, backend=None, query_block=None):
         if layer_now[0] in layers and q.shape[2] == k.shape[2]:
+            tensors = dict(q=q, k=k, v=v, index=index, count=count)
+            meta = dict(block=b, scale=scale, seq_start=seq_start, query_block=query_block)
             saved.append(
-                dict(layer=layer_now[0], q=q.clone(), k=k.clone(), v=v.clone(), index=index.clone(),
-                     count=count.clone(), block=b, scale=scale, seq_start=seq_start,
-                     query_block=query_block)
-            )  # fmt: skip
-        return kernel(q, k, v, index, count, b, causal, scale, seq_start, backend=backend,
-                      query_block=query_block)  # fmt: skip
+                {n: x.clone() for n, x in tensors.items()} | meta | {"layer": layer_now[0]}
+            )
+        return kernel(
+            q, k, v, index, count, b, causal, scale, seq_start,
+            backend=backend, query_block=query_block,
+        )  # fmt: skip
 
     def sparse_at(self, phase, layer, *args, **kw):
         layer_now[0] = layer
