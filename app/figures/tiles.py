@@ -18,6 +18,11 @@ import pandas as pd
 from sketchwalk.app.figures.common import block_labels
 
 MAX_SIDE = 256  # cells per side drawn at once; 512 blocks or more are tiled when zoomed out
+# Regions wider than 4 x MAX_SIDE blocks (past 64k tokens at 64-token blocks) are drawn at half
+# that: a heatmap's plot is ~330 px tall, so 256 cells a side are below a pixel each anyway, and
+# at 2048 blocks three 256 x 256 heatmaps kept the browser ~0.8 s per layer step; at 128 a side a
+# step measured 0.5-0.75 s (docs/explorer.md). Narrower layers keep the finer hover.
+WIDE_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,8 @@ def plan_view(
     q0, k0 = max(0, int(q0)), max(0, int(k0))
     q1, k1 = min(n - 1, int(q1)), min(n - 1, int(k1))
     side = max(q1 - q0 + 1, k1 - k0 + 1, 1)
+    if side > WIDE_FACTOR * max_side:
+        max_side //= 2
     return View(q0, q1 + 1, k0, k1 + 1, max(1, math.ceil(side / max_side)))
 
 

@@ -266,3 +266,18 @@ def test_ticks_name_blocks_in_tiled_and_zoomed_views():
     zoomed = figures.layer_figures(hm, None, region=(100, 199, 300, 399))["walk"]
     assert zoomed.layout.xaxis.ticktext[:2] == ("300", "309")
     assert zoomed.layout.yaxis.ticktext[0] == "100"
+
+
+def test_wide_layers_are_drawn_at_half_the_cells_a_side():
+    """Up to 4 x MAX_SIDE blocks a view keeps MAX_SIDE cells a side; wider ones (128k tokens at
+    64-token blocks) get half, and a zoomed region of such a layer is judged by its own width."""
+    from sketchwalk.app.figures.tiles import MAX_SIDE, WIDE_FACTOR, plan_view
+
+    assert plan_view(MAX_SIDE).tile == 1
+    assert plan_view(2 * MAX_SIDE).tile == 2
+    assert plan_view(WIDE_FACTOR * MAX_SIDE).tile == WIDE_FACTOR
+    wide = plan_view(2 * WIDE_FACTOR * MAX_SIDE)
+    assert wide.tile == 4 * WIDE_FACTOR  # 2048 blocks -> 128 cells a side
+    assert -(-(wide.q1 - wide.q0) // wide.tile) == MAX_SIDE // 2
+    region = plan_view(2 * WIDE_FACTOR * MAX_SIDE, (0, 2 * MAX_SIDE - 1, 0, 2 * MAX_SIDE - 1))
+    assert region.tile == 2
