@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F
 
 from sketchwalk.benchmarks.model import DEFAULT_TEXT, prompt_ids
-from sketchwalk.engine.config import SketchWalkConfig, preset
+from sketchwalk.engine.config import PRESETS, SketchWalkConfig, preset
 from sketchwalk.kernels.cpu import block_sparse_attention_cpu
 
 CAPTURE_DIR = Path("/tmp/sketchwalk-kernel-real")
@@ -132,13 +132,15 @@ def time_layer(cap: dict, kernels: dict[str, Callable], repeats: int) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[4096])
-    ap.add_argument("--preset", nargs="+", default=["default"])
+    ap.add_argument("--preset", nargs="+", default=["default"], choices=list(PRESETS))
     ap.add_argument("--layers", type=int, nargs="+", default=[2, 10, 20, 29])
     ap.add_argument("--density", type=float, default=0.2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--baseline", type=Path, help="another copy of kernels/cpu.py to time too")
     ap.add_argument("--recapture", action="store_true", help="ignore saved captures")
     args = ap.parse_args(argv)
+    if min(args.tokens) < 2 or min(args.layers) < 0 or args.repeats < 1:
+        ap.error("--tokens must be >= 2, --layers >= 0 and --repeats >= 1")
     torch.manual_seed(0)
     kernels = {"kernel": block_sparse_attention_cpu}
     if args.baseline:
