@@ -88,8 +88,15 @@ def _load_kernel(path: Path) -> Callable:
 
 
 def _flash_calls(fn: Callable[[], object]) -> int:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
+    """Flash-kernel calls of one run, counted on one thread: the profiler does not see the
+    kernel's worker threads, and with one thread the kernel does not split the tiles."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            fn()
+    finally:
+        torch.set_num_threads(threads)
     return sum(e.count for e in prof.key_averages() if e.key == FLASH_OP)
 
 

@@ -241,3 +241,34 @@ def test_uneven_counts_match_reference(shape, padded):
     out = block_sparse_attention_cpu(*args, query_block=r * b)
     ref = block_sparse_attention_reference(*args, query_block=r * b)
     assert rel_err(out, ref) < 1e-5
+
+
+SPLIT_SHAPES = [  # enough query tiles for up to 5 parts of at least 4 tiles, but the third
+    (1, 9, 3, 1300, 1300, 16, 16, 3, 4),  # the default model's heads, a partial last tile
+    (2, 8, 2, 500, 530, 16, 16, 2, 1),  # one list per block, queries after a cache
+    (1, 4, 4, 700, 700, 16, 32, 4, 2),  # GQA ratio 1: 11 tiles, too few for 3 or 5 parts
+]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 5])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shape", SPLIT_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_split_over_threads_matches_reference(monkeypatch, shape, causal, workers):
+    """A prefill cut into consecutive parts of query tiles, one thread each (queries after a
+    cache, left padding, partial last tiles): the same result as one part and the reference."""
+    from sketchwalk.kernels import cpu
+
+    bsz, h, hkv, lq, lk, d, b, g, r = shape
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((shape, causal, workers)).encode()))
+    q, k, v = random_qkv(bsz, h, hkv, lq, lk, d, torch.float32, gen)
+    idx, cnt = uneven_block_index(bsz, g, lq, lk, b, gen, r)
+    starts = torch.randint(0, 2 * b, (bsz,), generator=gen)
+    args = (q, k, v, idx, cnt, b, causal, None, starts)
+    monkeypatch.setattr(cpu, "_workers", lambda: workers)
+    parts = cpu._split_points(cnt, workers)
+    nq = cnt.shape[2]
+    assert parts == sorted(set(parts)) and parts[0] == 0 and parts[-1] == nq
+    assert (len(parts) > 2) == (workers > 1 and nq >= cpu._MIN_TILES_PER_PART * workers)
+    out = block_sparse_attention_cpu(*args, query_block=r * b)
+    ref = block_sparse_attention_reference(*args, query_block=r * b)
+    assert rel_err(out, ref) < 1e-5
