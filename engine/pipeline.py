@@ -290,6 +290,7 @@ class DecodeLayerState:
     est_keys: torch.Tensor | None = None  # [B, Hkv, cap, f] token estimator's key side
     est_valid: int = 0
     window_buf: torch.Tensor | None = None  # [B, H, 2w, r]: `window` is a view of its live part
+    room: dict[str, torch.Tensor] = field(default_factory=dict)  # A_l and sums, see _grow
     window_end: int = 0
     window_block: list[int] = field(default_factory=list)  # per slot: its query's own block
     # token estimator: the window's logits against every key block, per slot (window_logits)
@@ -412,24 +413,32 @@ def window_logits(st: DecodeLayerState, keys: torch.Tensor, squares: bool) -> to
     return lg[:, :, :, start:end, :n]
 
 
-def _grow(x: torch.Tensor, dims: tuple[int, ...], n: int) -> torch.Tensor:
-    pad = []
-    for dim in range(x.dim() - 1, -1, -1):
-        pad += [0, n - x.shape[dim]] if dim in dims else [0, 0]
-    return torch.nn.functional.pad(x, pad)
+def _grow(
+    st: DecodeLayerState, name: str, x: torch.Tensor, dims: tuple[int, ...], n: int
+) -> torch.Tensor:
+    """x with `dims` grown to n (new entries zero), as a view of a zero buffer with room to spare
+    (kept in st.room): a key block forms every b tokens, and copying A_l [n, n] each time cost
+    ~1 ms a layer at 7k tokens. A buffer is reused only while x is still its leading view."""
+    buf = st.room.get(name)
+    if buf is None or buf.shape[dims[0]] < n or buf.data_ptr() != x.data_ptr():
+        cap = n + max(64, n // 4)
+        buf = x.new_zeros([cap if d in dims else s for d, s in enumerate(x.shape)])
+        buf[tuple(slice(0, s) for s in x.shape)] = x
+        st.room[name] = buf
+    return buf[tuple(slice(0, n) if d in dims else slice(None) for d in range(x.dim()))]
 
 
 def _grow_state(st: DecodeLayerState, n: int) -> None:
     """New key blocks formed: grow A_l and the block sums to n blocks (zeros, filled by callers)."""
     if st.a.shape[-1] < n:
-        st.a = _grow(st.a, (st.a.dim() - 2, st.a.dim() - 1), n)
+        st.a = _grow(st, "a", st.a, (st.a.dim() - 2, st.a.dim() - 1), n)
         sk = st.sketched
         st.sketched = SketchedBlocks(
-            _grow(sk.q_sum, (2,), n),
-            _grow(sk.q_count, (1,), n),
-            _grow(sk.k_sum, (2,), n),
-            _grow(sk.k_count, (1,), n),
-            None if sk.k_sq is None else _grow(sk.k_sq, (2,), n),
+            _grow(st, "q_sum", sk.q_sum, (2,), n),
+            _grow(st, "q_count", sk.q_count, (1,), n),
+            _grow(st, "k_sum", sk.k_sum, (2,), n),
+            _grow(st, "k_count", sk.k_count, (1,), n),
+            None if sk.k_sq is None else _grow(st, "k_sq", sk.k_sq, (2,), n),
         )
 
 

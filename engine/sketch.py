@@ -319,10 +319,10 @@ def sampled_block_mass(
         nkc = -(-kend // b)
         width = nkc * b  # whole blocks: the keys past kend are masked like the future
         qg = (group_queries(qs[:, :, s:e], hkv) * c).reshape(bsz, hkv, gh * (e - s), r)
-        keys = keys_t[..., :width]
-        if width > lk:
-            keys = torch.nn.functional.pad(keys, (0, width - lk))
-        scores = (qg @ keys).view(bsz, hkv, gh, e - s, width)
+        scores = qg @ keys_t[..., :width]  # past lk (a partial last block): -inf columns
+        if width > lk:  # pad the scores, not the keys: in decode they are 50x smaller
+            scores = torch.nn.functional.pad(scores, (0, width - lk), value=float("-inf"))
+        scores = scores.view(bsz, hkv, gh, e - s, width)
         first = int(p[0]) + 1  # keys from here on are in the future of some query
         cols = torch.arange(first, width, device=qs.device)
         scores[..., first:].masked_fill_(cols[None, :] > p[:, None], float("-inf"))
