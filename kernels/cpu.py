@@ -183,6 +183,16 @@ def _block_view(x: torch.Tensor, b: int) -> torch.Tensor:
     return flat.unfold(0, b * d, d)
 
 
+def full_blocks(x: torch.Tensor, n: int, b: int) -> torch.Tensor:
+    """[Hkv, L, d] -> [Hkv, n, b * d]: the first n full blocks as rows, for index_select. A view
+    when x is contiguous: reshaping the slice copied the whole cache whenever L is not a
+    multiple of b (~1 ms a layer per decode step at 7k tokens)."""
+    hkv, length, d = x.shape
+    if x.is_contiguous():
+        return x.as_strided((hkv, n, b * d), (length * d, b * d, 1))
+    return x[:, : n * b].reshape(hkv, n, b * d)
+
+
 @dataclass
 class _Runs:
     """Interior lists split into a leading run from block 0 (sinks), a trailing contiguous run
@@ -562,8 +572,7 @@ def _decode(
     starts = None if seq_start is None else seq_start.long().cpu()
     out = torch.empty_like(q)
     for bi in range(bsz):
-        kb = k[bi, :, : n_full * b].reshape(hkv, n_full, b * d)
-        vb = v[bi, :, : n_full * b].reshape(hkv, n_full, b * d)
+        kb, vb = full_blocks(k[bi], n_full, b), full_blocks(v[bi], n_full, b)
         start = 0 if starts is None else int(starts[bi])
         for gi in range(g):
             ids = idx_all[bi, gi, : cnt_all[bi, gi]].unique()

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .cpu import full_blocks
+
 
 @dataclass
 class GatheredKV:
@@ -68,28 +70,24 @@ def gather(
         lists.append(ids[ids < cur])  # full blocks before the current one
     n_full = max(x.numel() for x in lists)
     m = n_full * b
-    kb = k[0, :, : cur * b].reshape(hkv, cur, b * d)
-    vb = v[0, :, : cur * b].reshape(hkv, cur, b * d)
+    kb, vb = full_blocks(k[0], cur, b), full_blocks(v[0], cur, b)
     kbuf = torch.zeros(1, hkv, m + b, d, dtype=k.dtype, device=k.device)
     vbuf = torch.zeros_like(kbuf)
     mask = None
-    if g == 1:
-        kbuf[0, :, :m] = kb.index_select(1, lists[0]).view(hkv, m, d)
-        vbuf[0, :, :m] = vb.index_select(1, lists[0]).view(hkv, m, d)
-    else:
-        for h in range(hkv):
-            mh = lists[h].numel() * b
-            kbuf[0, h, :mh] = kb[h].index_select(0, lists[h]).view(mh, d)
-            vbuf[0, h, :mh] = vb[h].index_select(0, lists[h]).view(mh, d)
-        if len({x.numel() for x in lists}) > 1:
-            if heads is None:
-                raise ValueError("per-group lists of different lengths need the query heads")
-            lens = torch.tensor([x.numel() * b for x in lists], device=k.device)
-            pad = torch.arange(m + b, device=k.device)[None, :] >= lens[:, None]
-            pad &= torch.arange(m + b, device=k.device)[None, :] < m  # current block: live
-            mask = torch.zeros(hkv, m + b, dtype=k.dtype, device=k.device)
-            mask = mask.masked_fill(pad, float("-inf"))
-            mask = mask.repeat_interleave(heads // hkv, dim=0).view(1, heads, 1, m + b)
+    for h in range(hkv):  # straight into the buffers: no intermediate copy
+        ids = lists[0 if g == 1 else h]
+        rows = ids.numel()
+        torch.index_select(kb[h], 0, ids, out=kbuf[0, h, : rows * b].view(rows, b * d))
+        torch.index_select(vb[h], 0, ids, out=vbuf[0, h, : rows * b].view(rows, b * d))
+    if g > 1 and len({x.numel() for x in lists}) > 1:
+        if heads is None:
+            raise ValueError("per-group lists of different lengths need the query heads")
+        lens = torch.tensor([x.numel() * b for x in lists], device=k.device)
+        pad = torch.arange(m + b, device=k.device)[None, :] >= lens[:, None]
+        pad &= torch.arange(m + b, device=k.device)[None, :] < m  # current block: live
+        mask = torch.zeros(hkv, m + b, dtype=k.dtype, device=k.device)
+        mask = mask.masked_fill(pad, float("-inf"))
+        mask = mask.repeat_interleave(heads // hkv, dim=0).view(1, heads, 1, m + b)
     return GatheredKV(kbuf, vbuf, m, cur, b, source, mask)
 
 
