@@ -331,8 +331,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
     # Speed first: 64-token blocks (the CPU kernel's calls stay long) and the block-mean
     # estimator; per-group lists and one budget per layer as in the default. No dense layers:
-    # with block means, dense layers 0 and 1 changed nothing measurable (KL 0.093 -> 0.091 at 6k
-    # tokens of GPL-3, 0.228 -> 0.229 on Apache-2.0) and cost ~1.2 s of a 7k prefill.
+    # they cost ~1.2 s of a 7k prefill and, with block means, bought little (KL without them:
+    # GPL-3 6k 0.093 -> 0.091, Apache-2.0 0.228 -> 0.229, MPL-2.0 0.134 -> 0.131, argparse.py
+    # 0.123 -> 0.135; docs/quality.md).
     "fast": {
         "block_size": 64,
         "query_block": 0,
