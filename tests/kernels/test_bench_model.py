@@ -65,3 +65,33 @@ def test_bad_input_is_one_line(tiny_model, extra, message, capsys):
     assert main(["bench", "model", "--model", tiny_model, *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_decode_is_the_mean_step_with_the_median_beside_it(monkeypatch):
+    """A re-selecting step every few tokens costs a multiple of the others: the reported decode
+    time is what a generation pays (the mean step), not the median that leaves it out."""
+    import torch
+
+    from sketchwalk.benchmarks import model as bench
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.timing import Pass
+
+    def fake(model, ids, new_tokens, cfg, all_logits, backend=None):
+        steps = [10.0] * 4 if cfg is None else [4.0, 4.0, 4.0, 28.0]  # one slow re-selection
+        stages = {"prefill_attention": 1.0, "decode_attention": 1.0}
+        return Pass(100.0, steps, stages, 0)
+
+    class Tok:
+        def __call__(self, text, add_special_tokens=False):
+            class R:
+                input_ids = list(range(50))
+
+            return R()
+
+    monkeypatch.setattr(bench, "run_variant", fake)
+    net = torch.nn.Linear(1, 1)
+    (row,) = bench.run_model_bench(net, Tok(), "x", [32], SketchWalkConfig(), 4, 2)
+    assert row["sparse_decode_ms"] == 10.0 and row["dense_decode_ms"] == 10.0
+    assert row["decode_speedup"] == 1.0
+    assert row["sparse_decode_median_ms"] == 4.0 and row["dense_decode_median_ms"] == 10.0
+    assert "1.00" in bench.format_table([row]) and "2.50" in bench.format_table([row])
