@@ -204,3 +204,28 @@ def test_window_ring_and_block_estimates_equal_their_full_recomputation(window):
         torch.testing.assert_close(
             window_logits(st, keys, True), token_logits(st.window, keys, True), atol=1e-5, rtol=1e-5
         )
+
+
+def test_state_grows_inside_buffers_with_room():
+    """A_l and the block sums grow by one block per key block formed: new entries are zero, old
+    ones kept, and while the buffer has room the grown tensor is a view of it (no copy)."""
+    from sketchwalk.engine.pipeline import DecodeLayerState, SketchedBlocks, _grow_state
+
+    torch.manual_seed(0)
+    a = torch.rand(1, 3, 5, 5)
+    sk = SketchedBlocks(
+        torch.rand(1, 9, 5, 8), torch.rand(1, 5), torch.rand(1, 3, 5, 8), torch.rand(1, 5)
+    )
+    st = DecodeLayerState(a.clone(), sk, torch.zeros(1, 9, 2, 8))
+    _grow_state(st, 7)
+    assert st.a.shape == (1, 3, 7, 7) and torch.equal(st.a[..., :5, :5], a)
+    assert not st.a[..., 5:, :].any() and not st.a[..., :, 5:].any()
+    assert torch.equal(st.sketched.k_sum[:, :, :5], sk.k_sum) and st.sketched.k_sq is None
+    st.a[0, 0, 6, 6] = 1.0  # callers fill the new row in place
+    ptr = st.a.data_ptr()
+    _grow_state(st, 9)
+    assert st.a.data_ptr() == ptr and st.a.shape[-1] == 9  # a new view, the same buffer
+    assert st.a[0, 0, 6, 6] == 1.0 and not st.a[..., 7:, :].any()
+    st.a = st.a.clone()  # not the buffer's view any more: the next growth starts a new buffer
+    _grow_state(st, 10)
+    assert st.a.data_ptr() != ptr and st.a[0, 0, 6, 6] == 1.0 and st.a.shape[-1] == 10
