@@ -70,31 +70,30 @@ def _median_pairs(
     sparse: Callable[[], tuple[float, float]],
     repeats: int,
     device: torch.device,
-    peer: Callable[[], object] | None = None,
-) -> tuple[float, float, float, float | None]:
-    """(dense_ms, overhead_ms, kernel_ms, peer_ms) medians; one warm-up each, order rotating.
+    peers: dict[str, Callable[[], object]] | None = None,
+) -> tuple[float, float, float, dict[str, float]]:
+    """(dense_ms, overhead_ms, kernel_ms, {peer: ms}) medians; one warm-up each, order rotating.
 
-    peer: a third contender (FlexAttention on the same lists), timed in the same rotation.
+    peers: more contenders timed in the same rotation (FlexAttention on the same lists; the
+    decode paths a session takes).
     """
-    dense()
-    sparse()
-    if peer is not None:
-        peer()
-    d_ms, o_ms, k_ms, p_ms = [], [], [], []
+    peers = peers or {}
+    calls: dict[str, Callable[[], object]] = {"dense": dense, "sparse": sparse, **peers}
+    for fn in calls.values():
+        fn()
+    ms: dict[str, list[float]] = {name: [] for name in calls}
+    o_ms: list[float] = []
+    names = list(calls)
     for r in range(repeats):
-        order = ["dense", "sparse", "peer"] if peer is not None else ["dense", "sparse"]
-        order = order[r % len(order) :] + order[: r % len(order)]
-        for which in order:
-            if which == "dense":
-                d_ms.append(timed(dense, device)[1])
-            elif which == "sparse":
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            if name == "sparse":
                 o, k = sparse()
                 o_ms.append(o)
-                k_ms.append(k)
+                ms[name].append(k)
             else:
-                p_ms.append(timed(peer, device)[1])
+                ms[name].append(timed(calls[name], device)[1])
     med = statistics.median
-    return med(d_ms), med(o_ms), med(k_ms), (med(p_ms) if p_ms else None)
+    return med(ms["dense"]), med(o_ms), med(ms["sparse"]), {p: med(ms[p]) for p in peers}
 
 
 def _row(base: dict, dense_ms: float, overhead_ms: float, kernel_ms: float) -> dict:
@@ -159,10 +158,11 @@ def bench_prefill(
         def dense() -> object:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
-        peer, flex_extra = None, {}
+        peers, flex_extra = {}, {}
         if flex:
-            peer, flex_extra = _flex_peer(q, k, v, cfg, backend, device)
-        d_ms, o_ms, k_ms, p_ms = _median_pairs(dense, sparse, repeats, device, peer)
+            peers["flex"], flex_extra = _flex_peer(q, k, v, cfg, backend, device)
+        d_ms, o_ms, k_ms, peer_ms = _median_pairs(dense, sparse, repeats, device, peers)
+        p_ms = peer_ms.get("flex")
         base = {
             "phase": "prefill",
             "shape": shape.name,
@@ -249,14 +249,21 @@ def bench_decode(
         def dense() -> object:
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
-        kept = None
+        # the paths a session's decode takes on CPU (engine/session.py): a selection kept across
+        # steps (gathered once), and a fresh selection's one gather + one SDPA when it applies
+        peers: dict[str, Callable[[], object]] = {}
         if device.type == "cpu" and bool((idx == n - 1).any()):
-            # a selection kept across steps (bench model --decode-reselect): gathered once
             from sketchwalk.kernels import decode_cache
 
+            sc = shape.head_dim**-0.5
             g = decode_cache.gather(k, v, idx, cnt, b, seq_len)
-            kept = lambda g=g: decode_cache.attend(g, q, k, v, shape.head_dim**-0.5)  # noqa: E731
-        d_ms, o_ms, k_ms, kept_ms = _median_pairs(dense, sparse, max(repeats, 5), device, kept)
+            peers["kept"] = lambda g=g, sc=sc: decode_cache.attend(g, q, k, v, sc)  # noqa: E731
+            fresh = lambda idx=idx, cnt=cnt, b=b, sc=sc: decode_cache.attend_fresh(  # noqa: E731
+                q, k, v, idx, int(cnt.max()), b, sc
+            )
+            if fresh() is not None:
+                peers["fresh"] = fresh
+        d_ms, o_ms, k_ms, peer_ms = _median_pairs(dense, sparse, max(repeats, 5), device, peers)
         base = {
             "phase": "decode",
             "shape": shape.name,
@@ -269,9 +276,9 @@ def bench_decode(
             "achieved_density": round(int(cnt.sum()) / n, 4),
         }
         row = _row(base, d_ms, o_ms, k_ms)
-        if kept_ms is not None:
-            row["kept_ms"] = round(kept_ms, 3)
-            row["kept_speedup"] = round(d_ms / kept_ms, 3)
+        for name, ms in peer_ms.items():
+            row[f"{name}_ms"] = round(ms, 3)
+            row[f"{name}_speedup"] = round(d_ms / ms, 3)
         rows.append(row)
         if progress:
             progress()
@@ -331,6 +338,8 @@ COLUMNS = [
     ("speedup", "{:.2f}x"),
     ("kept_ms", "{:.1f}"),
     ("kept_speedup", "{:.2f}x"),
+    ("fresh_ms", "{:.1f}"),
+    ("fresh_speedup", "{:.2f}x"),
     ("flex_ms", "{:.1f}"),
     ("flex_speedup", "{:.2f}x"),
     ("flex_max_diff", "{:.1e}"),

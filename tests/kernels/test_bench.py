@@ -36,10 +36,11 @@ def test_rows_have_the_fields_and_consistent_ratios():
         assert _ratio_of_rounded(r["speedup"], r["dense_ms"], r["sparse_ms"])
         assert 0 < r["achieved_density"] <= 1
     assert rows[0]["overhead_ms"] > 0  # selection is timed, not skipped
-    for r in rows:  # decode rows also time a selection kept across steps (gathered once)
-        assert ("kept_ms" in r) == (r["phase"] == "decode")
-        if r["phase"] == "decode":
-            assert _ratio_of_rounded(r["kept_speedup"], r["dense_ms"], r["kept_ms"])
+    for r in rows:  # decode rows also time the session's paths: a kept selection, a fresh one
+        for path in ("kept", "fresh"):
+            assert (f"{path}_ms" in r) == (r["phase"] == "decode")
+            if r["phase"] == "decode":
+                assert _ratio_of_rounded(r[f"{path}_speedup"], r["dense_ms"], r[f"{path}_ms"])
     table = format_table(rows)
     assert table.splitlines()[0].split()[:3] == ["phase", "shape", "dtype"]
     assert len(table.splitlines()) == 2 + len(rows)
