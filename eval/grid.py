@@ -82,6 +82,7 @@ def _counts(session: Session) -> dict[str, list[int]]:
     return {phase: list(c) for phase, c in session.counts.items()}
 
 
+@torch.no_grad()  # the LM head's weights require grad: without this each chunk built a graph
 def lm_sums(
     dense: torch.Tensor,
     sparse: torch.Tensor,
