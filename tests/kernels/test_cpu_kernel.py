@@ -272,3 +272,29 @@ def test_split_over_threads_matches_reference(monkeypatch, shape, causal, worker
     out = block_sparse_attention_cpu(*args, query_block=r * b)
     ref = block_sparse_attention_reference(*args, query_block=r * b)
     assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("lk", [4500, 4607])
+def test_decode_one_gather_matches_reference(groups, lk):
+    """Caches past the masked path with few kept tokens: one gather for all heads and one SDPA.
+    Junk, duplicate and out-of-range ids, uneven lists, a partial last block."""
+    import sketchwalk.kernels.cpu as cpu
+
+    gen = torch.Generator().manual_seed(groups + lk)
+    q, k, v = random_qkv(1, 9, 3, 1, lk, 32, torch.float32, gen)
+    idx, cnt = random_block_index(1, groups, 1, lk, 16, 0.2, gen)
+    idx[..., 1] = idx[..., 0]  # a duplicate
+    idx[..., -1] = 10_000  # out of range, past the count or not
+    nk = -(-lk // 16)
+    idx[0, 0, 0, 0] = nk - 1  # the partial last block (lk 4607) in the first list
+    assert cpu._decode_one_gather(q, k, v, idx, cnt, 16, 32**-0.5, None) is not None
+    out = block_sparse_attention_cpu(q, k, v, idx, cnt, 16, True)
+    ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16, True)
+    assert rel_err(out, ref) < 1e-5
+    cnt_empty = cnt.clone()
+    cnt_empty[0, -1] = 0  # an empty list: the chunked path, a zero output for its heads
+    assert cpu._decode_one_gather(q, k, v, idx, cnt_empty, 16, 32**-0.5, None) is None
+    out = block_sparse_attention_cpu(q, k, v, idx, cnt_empty, 16, True)
+    ref = block_sparse_attention_reference(q, k, v, idx, cnt_empty, 16, True)
+    assert rel_err(out, ref) < 1e-5
