@@ -249,8 +249,10 @@ def bench_decode(
         def dense() -> object:
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
-        # the paths a session's decode takes on CPU (engine/session.py): a selection kept across
-        # steps (gathered once), and a fresh selection's one gather + one SDPA when it applies
+        # the paths a session's decode takes on CPU (engine/session.py, decode_reselect 0): a
+        # selection kept across steps, gathered once ("kept"), and a step that selects afresh,
+        # which gathers its selection and attends ("fresh"); re-selecting every token
+        # (decode_reselect 1) runs the stateless kernel (kernel_ms)
         peers: dict[str, Callable[[], object]] = {}
         if device.type == "cpu" and bool((idx == n - 1).any()):
             from sketchwalk.kernels import decode_cache
@@ -258,11 +260,13 @@ def bench_decode(
             sc = shape.head_dim**-0.5
             g = decode_cache.gather(k, v, idx, cnt, b, seq_len)
             peers["kept"] = lambda g=g, sc=sc: decode_cache.attend(g, q, k, v, sc)  # noqa: E731
-            fresh = lambda idx=idx, cnt=cnt, b=b, sc=sc: decode_cache.attend_fresh(  # noqa: E731
-                q, k, v, idx, int(cnt.max()), b, sc
-            )
-            if fresh() is not None:
-                peers["fresh"] = fresh
+
+            def fresh(idx=idx, cnt=cnt, b=b, sc=sc) -> torch.Tensor:
+                return decode_cache.attend(
+                    decode_cache.gather(k, v, idx, cnt, b, seq_len), q, k, v, sc
+                )
+
+            peers["fresh"] = fresh
         d_ms, o_ms, k_ms, peer_ms = _median_pairs(dense, sparse, max(repeats, 5), device, peers)
         base = {
             "phase": "decode",

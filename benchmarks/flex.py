@@ -59,6 +59,9 @@ def block_mask(
         lk,
         device=str(block_index.device),
         BLOCK_SIZE=block_size,
+        # compiled, the mask is reduced block by block: evaluated eagerly it is materialised as
+        # [B, H, lq, lk] (64 GiB for Llama-3.1-8B's 32 heads at 16k tokens)
+        _compile=True,
     )
 
 

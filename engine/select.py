@@ -30,9 +30,6 @@ class BlockSelection:
     block_count: torch.Tensor  # [B, G, nq] int32
     kept: int  # kept (row, block) pairs over real rows, all groups
     candidates: int  # causal (row, block) pairs over real rows, all groups
-    # a decode row's lists that all keep this many blocks, the current one last (see
-    # decode_row_selection): the kernel may gather them without checks
-    decode_count: int | None = None
 
     @property
     def density(self) -> float:
@@ -326,4 +323,4 @@ def decode_row_selection(
     top = ranked.topk(budget, dim=-1, sorted=True).indices
     index = top.sort(dim=-1).values.to(torch.int32)
     count = torch.full((bsz, groups, 1), budget, dtype=torch.int32, device=scores.device)
-    return BlockSelection(index, count, bsz * groups * budget, bsz * groups * n_cand, budget)
+    return BlockSelection(index, count, bsz * groups * budget, bsz * groups * n_cand)

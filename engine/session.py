@@ -275,23 +275,12 @@ class Session:
         out = None
         if phase == "decode" and self.cfg.decode_reselect != 1:
             out = self._decode_gathered(layer, sel, q, k, v, scale, seq_start)
-        elif phase == "decode" and sel.decode_count is not None and self._fresh_gather(q, k):
-            out = decode_cache.attend_fresh(
-                q, k, v, sel.block_index, sel.decode_count, self.cfg.block_size, scale
-            )
         if out is None:
             out = sparse_attention(self.cfg, sel, q, k, v, scale, seq_start, self.kernel_backend)
         ms = now_ms(q.device) - t0
         self._time("attention", ms)
         self._count(phase, sel.kept, sel.candidates, sparse=True)
         return out, ms
-
-    def _fresh_gather(self, q, k) -> bool:
-        """A fresh decode selection's K/V gathered in one go (kernels/decode_cache.attend_fresh):
-        on the CPU backend past the caches where the stateless kernel reads all keys masked."""
-        if k.shape[2] <= decode_cache.FRESH_MIN_CACHE:
-            return False
-        return choose_backend(q.device, self.kernel_backend) == "cpu"
 
     def _decode_gathered(self, layer, sel, q, k, v, scale, seq_start) -> torch.Tensor | None:
         """Decode with a selection kept across steps: its K/V gathered once (kernels/decode_cache);

@@ -129,20 +129,24 @@ def test_decode_reselect_is_a_checked_knob_and_older_runs_reselect_every_token()
     assert SketchWalkConfig.from_stored(old).decode_reselect == 1  # ... a missing one is legacy
 
 
-def test_long_cache_decode_takes_the_fresh_gather_and_matches_the_reference_kernel(monkeypatch):
-    """Re-selecting every token past the masked-cache length: the selection's K/V are gathered
-    in one go (decode_cache.attend_fresh); outputs equal the reference kernel's on the same
-    selections, and the lists equal select_blocks'."""
+def test_long_cache_decode_takes_the_one_gather_path_and_matches_the_reference_kernel(
+    monkeypatch,
+):
+    """Re-selecting every token past the masked-cache length: the CPU kernel gathers the
+    selection's K/V in one go (kernels/cpu.py _decode_one_gather); outputs equal the reference
+    kernel's on the same selections."""
     from sketchwalk.engine.session import Session
-    from sketchwalk.kernels import decode_cache
+    from sketchwalk.kernels import cpu
 
     calls = []
-    fresh = decode_cache.attend_fresh
+    one = cpu._decode_one_gather
     monkeypatch.setattr(
-        decode_cache, "attend_fresh", lambda *a, **kw: calls.append(1) or fresh(*a, **kw)
+        cpu,
+        "_decode_one_gather",
+        lambda *a: calls.append(1) or one(*a),  # counts, then runs
     )
     torch.manual_seed(0)
-    t, steps, d = decode_cache.FRESH_MIN_CACHE + 40, 20, 16
+    t, steps, d = cpu._DECODE_MASKED_MAX_TOKENS + 40, 20, 16
     q = torch.randn(1, 4, t + steps, d)
     k, v = torch.randn(1, 2, t + steps, d), torch.randn(1, 2, t + steps, d)
     cfg = SketchWalkConfig(block_size=16, sketch_dim=8, decode_reselect=1)  # every token

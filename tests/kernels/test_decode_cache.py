@@ -69,23 +69,34 @@ def test_refuses_what_it_cannot_do():
 @pytest.mark.parametrize("block", [16, 64])
 @pytest.mark.parametrize("heads,kv,per_group", [(9, 3, False), (9, 3, True), (4, 4, True)])
 @pytest.mark.parametrize("lk", [1, 16, 17, 200, 333])
-def test_fresh_gather_matches_reference(block, heads, kv, per_group, lk):
-    """A fresh selection gathered in one go (re-selecting every token) equals the reference."""
+def test_one_gather_decode_matches_reference(block, heads, kv, per_group, lk):
+    """A re-selecting step's lists (sorted, the current block last) through the stateless
+    kernel's one-gather path (kernels/cpu.py) equal the reference."""
+    from sketchwalk.kernels.cpu import _decode_one_gather
+
     gen = torch.Generator().manual_seed(block + lk + heads)
     d = 32
     cur = (lk - 1) // block
     q, k, v = random_qkv(1, heads, kv, 1, lk, d, torch.float32, gen)
     index, count = _lists(kv if per_group else 1, cur, 0.3, gen)
     want = block_sparse_attention_reference(q, k, v, index, count, block)
-    got = decode_cache.attend_fresh(q, k, v, index, int(count[0, 0, 0]), block, d**-0.5)
+    got = _decode_one_gather(q, k, v, index, count, block, d**-0.5, None)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
-def test_fresh_gather_declines_what_it_cannot_do():
+def test_one_gather_decode_declines_what_it_cannot_do():
+    from sketchwalk.kernels import cpu
+
     gen = torch.Generator().manual_seed(1)
     q, k, v = random_qkv(2, 4, 2, 1, 100, 16, torch.float32, gen)
     index, count = _lists(2, 6, 0.5, gen)
-    args = (index.expand(2, -1, -1, -1), int(count[0, 0, 0]), 16, 0.25)
-    assert decode_cache.attend_fresh(q, k, v, *args) is None  # a batch
-    many = decode_cache.FRESH_MAX_TOKENS // 16 + 1
-    assert decode_cache.attend_fresh(q[:1], k[:1], v[:1], index, many, 16, 0.25) is None
+    batch = (index.expand(2, -1, -1, -1), count.expand(2, -1, -1), 16, 0.25, None)
+    assert cpu._decode_one_gather(q, k, v, *batch) is None  # a batch
+    assert (
+        cpu._decode_one_gather(q[:1], k[:1], v[:1], index, count, 16, 0.25, torch.tensor([3]))
+        is None
+    )
+    big = torch.arange(cpu._DECODE_ONE_GATHER // 16 + 1).view(1, 1, 1, -1)
+    kk = torch.randn(1, 2, 16 * big.numel(), 16)
+    n = torch.tensor([[[big.numel()]]])
+    assert cpu._decode_one_gather(q[:1], kk, kk, big, n, 16, 0.25, None) is None  # too many
