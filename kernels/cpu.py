@@ -15,6 +15,10 @@ Why it is shaped like this (measured on the project's 2-core AVX-512 CPU, see do
   model's windows are ragged, and one call per distinct length was most of its calls.
 - Short query tiles fold the query heads of a KV head into one longer query (see _attend).
 - The partial results are merged with their log-sum-exp in fp32.
+- A prefill's query tiles are cut into equal-work parts, one per intra-op thread, run on a thread
+  pool: the many short calls alone left the second core idle (see _in_parts).
+- Decode gathers the kept rows of all heads at once (one SDPA) when they fit in cache, else in
+  chunks merged by log-sum-exp; short caches take one masked SDPA over all keys.
 Index-list layout follows MInference's block-sparse kernel (sorted key-block ids plus a count per query
 block); the interior/edge split and the count grouping are ours.
 """
@@ -382,7 +386,19 @@ def _split_points(block_count: torch.Tensor, workers: int) -> list[int]:
     return sorted({0, nq, *(min(max(c + 1, 1), nq - 1) for c in cuts)})
 
 
-def _in_parts(q, k, v, block_index, block_count, b, qt, causal, scale, seq_start, parts):
+def _in_parts(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_index: torch.Tensor,
+    block_count: torch.Tensor,
+    b: int,
+    qt: int,
+    causal: bool,
+    scale: float,
+    seq_start: torch.Tensor | None,
+    parts: list[int],
+) -> torch.Tensor:
     """The query tiles in consecutive parts on a pool of threads, one part each; concatenated.
 
     Why: the CPU flash kernel parallelises one call over its heads and query splits, and the
@@ -414,7 +430,18 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(workers, thread_name_prefix="sketchwalk-kernel")
 
 
-def _prefill(q, k, v, block_index, block_count, b, qt, causal, scale, seq_start) -> torch.Tensor:
+def _prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_index: torch.Tensor,
+    block_count: torch.Tensor,
+    b: int,
+    qt: int,
+    causal: bool,
+    scale: float,
+    seq_start: torch.Tensor | None,
+) -> torch.Tensor:
     """block_sparse_attention_cpu for one set of query tiles (any length: prefill or a chunk)."""
     bsz, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
