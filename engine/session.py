@@ -36,6 +36,7 @@ from .pipeline import (
 )
 from .recorder import LayerStep, Recorder
 from .sketch import SRHT, make_srht
+from .threads import one_thread
 
 # called as each layer starts, (phase, step, layer): where the sequence is, not a progress report
 # (the runner turns it into one; see sketchwalk/progress.py)
@@ -239,6 +240,10 @@ class Session:
         return plan, out[:, :, pad:], ms
 
     def _decode(self, layer, q, k, v, mask, key_valid, scale, exact):
+        with one_thread(q.device):  # dozens of tiny ops: see engine/threads.py
+            return self._decode_layer(layer, q, k, v, mask, key_valid, scale, exact)
+
+    def _decode_layer(self, layer, q, k, v, mask, key_valid, scale, exact):
         cfg = self.cfg
         st = self.decode_states[layer]
         srht = self.srht(layer, q.shape[-1], q.device)
