@@ -16,7 +16,13 @@ from .blockstats import exact_block_mass
 from .clock import StageTimer
 from .config import TOKEN_ESTIMATORS, SketchWalkConfig
 from .methods import ScoreInputs
-from .select import BlockSelection, ForcedRule, decode_row_selection, select_blocks
+from .select import (
+    BlockSelection,
+    ForcedRule,
+    decode_row_selection,
+    extend_selection,
+    select_blocks,
+)
 from .sketch import (
     SRHT,
     aggregate_heads,
@@ -283,6 +289,7 @@ class DecodeLayerState:
     selection: BlockSelection | None = None  # the last decode selection ...
     selected_block: int = -1  # ... made while this key block was the current one ...
     steps_since: int = 0  # ... this many tokens ago
+    extended_from: BlockSelection | None = None  # `selection` is this one plus its newest block
     gathered: object | None = None  # its K/V gathered by the kernel (kernels/decode_cache.py)
     # per key block, what the estimators read from the sums (see key_estimates), in buffers with
     # room to grow; blocks from est_valid on changed since and are recomputed when next read
@@ -644,6 +651,7 @@ def decode_step(
 
     sel = timer.run("select", choose)
     st.selection, st.selected_block, st.steps_since = sel, cur, 0
+    st.extended_from = None
     return Plan(r, s, sel, None, timer.ms)
 
 
@@ -673,15 +681,15 @@ def decode_sampled_mass(
 
 
 def reusable(st: DecodeLayerState, lk: int, cfg: SketchWalkConfig, every: int) -> bool:
-    """May this step reuse the layer's last selection? every: re-select at least every that many
-    tokens (1: every token, the exact rule; 0: only when a new key block starts). A selection is
-    only reused within the key block it was made in (its window holds that block) and only for
-    methods that score from the sketch state alone."""
+    """May this step reuse the layer's last selection? every: re-select every that many tokens
+    (1: every token, the exact rule; 0: when a new key block starts). With every > 1 a kept
+    selection may cross into new key blocks: each joins the lists as it starts (decode_reuse).
+    Only methods that score from the sketch state alone keep selections."""
     if every == 1 or st.selection is None or not cfg.method_spec.chunks:
         return False
-    if (lk - 1) // cfg.block_size != st.selected_block:
-        return False
-    return every == 0 or st.steps_since + 1 < every
+    if every == 0:
+        return (lk - 1) // cfg.block_size == st.selected_block
+    return st.steps_since + 1 < every
 
 
 def decode_reuse(
@@ -693,8 +701,14 @@ def decode_reuse(
     srht: SRHT,
     key_valid: torch.Tensor,
 ) -> Plan:
-    """A decode step that keeps the layer's last selection: the token only joins the sums."""
+    """A decode step that keeps the layer's last selection: the token only joins the sums, and a
+    key block that starts with it joins the lists (it is the local window, always kept)."""
     timer = StageTimer(q.device)
     timer.run("sketch", lambda: decode_absorb(st, q, k_new, lk, cfg, srht, key_valid))
+    cur = (lk - 1) // cfg.block_size
+    if cur != st.selected_block:
+        st.extended_from = st.selection
+        st.selection = timer.run("select", lambda: extend_selection(st.extended_from, cur))
+        st.selected_block = cur
     st.steps_since += 1
     return Plan(None, None, st.selection, None, timer.ms)

@@ -247,6 +247,23 @@ def row_budget_keep(
     return keep & (cand | forced)[:, None]
 
 
+def extend_selection(sel: BlockSelection, block: int) -> BlockSelection:
+    """A one-row decode selection [B, G, 1, K] with key block `block` appended to every list.
+
+    Used when a kept decode selection crosses into a new key block: the new block is the local
+    window (always kept), and the lists stay sorted because it is newer than every listed block.
+    Each group's row gains one kept block and one candidate.
+    """
+    bsz, groups, nq, k = sel.block_index.shape
+    if nq != 1:
+        raise ValueError(f"only one-row (decode) selections are extended, got {nq} rows")
+    index = torch.nn.functional.pad(sel.block_index, (0, 1))
+    at = sel.block_count.long().unsqueeze(-1)  # [B, G, 1, 1]: the first free slot
+    index.scatter_(-1, at, torch.full_like(at, block, dtype=index.dtype))
+    extra = bsz * groups
+    return BlockSelection(index, sel.block_count + 1, sel.kept + extra, sel.candidates + extra)
+
+
 def selection_mask(sel: BlockSelection, n_kblocks: int) -> torch.Tensor:
     """Boolean [B, G, nq, nk] view of the index lists (for recording and metrics)."""
     return selected_block_mask(sel.block_index, sel.block_count, n_kblocks)

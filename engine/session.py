@@ -295,8 +295,16 @@ class Session:
             return None
         if not decode_cache.supports(q, k, sel.block_index.shape[1], seq_start):
             return None
-        cur = (k.shape[2] - 1) // self.cfg.block_size
+        b = self.cfg.block_size
+        cur = (k.shape[2] - 1) // b
         g = st.gathered
+        if (
+            g is not None
+            and st.extended_from is not None
+            and g.source is st.extended_from
+            and g.cur == cur - 1
+        ):
+            g = decode_cache.advance(g, k, v, source=sel)  # the kept lists crossed a block
         if g is None or g.source is not sel or g.cur != cur:
             try:
                 g = decode_cache.gather(
@@ -304,10 +312,11 @@ class Session:
                     v,
                     sel.block_index,
                     sel.block_count,
-                    self.cfg.block_size,
+                    b,
                     k.shape[2],
                     sel,
                     heads=q.shape[1],
+                    room=1 + -(-self.cfg.decode_reselect // b),  # blocks it may cross
                 )
             except ValueError:
                 st.gathered = None

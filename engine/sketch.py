@@ -117,8 +117,12 @@ def group_queries(q: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
 
 def block_logits(qs: torch.Tensor, ks: torch.Tensor, dim: int, tau: float) -> torch.Tensor:
     """Sketched block logits [B, Hkv, G, nq, nk] from qs [B, H, nq, r] and ks [B, Hkv, nk, r]."""
-    qg = group_queries(qs, ks.shape[1])
-    return (qg @ ks.unsqueeze(2).transpose(-1, -2)) * (dim**-0.5 / tau)
+    bsz, hkv, nk = ks.shape[0], ks.shape[1], ks.shape[2]
+    gh, nq = qs.shape[1] // hkv, qs.shape[2]
+    # the query heads of a KV head as rows of one matrix: a broadcast matmul would copy the keys
+    # once per query head (at 7k tokens in decode that copy cost more than the product)
+    qg = qs.reshape(bsz, hkv, gh * nq, qs.shape[3])
+    return (qg @ ks.transpose(-1, -2)).view(bsz, hkv, gh, nq, nk) * (dim**-0.5 / tau)
 
 
 def causal_block_softmax(

@@ -26,15 +26,16 @@ from .cpu import full_blocks
 
 @dataclass
 class GatheredKV:
-    """Listed full blocks before block `cur`, gathered per KV head, plus room for block `cur`."""
+    """Listed full blocks before block `cur`, gathered per KV head, plus room for block `cur`
+    (and for later blocks: `advance`)."""
 
-    k: torch.Tensor  # [1, Hkv, m + b, d]
+    k: torch.Tensor  # [1, Hkv, m + b * room, d], room >= 1
     v: torch.Tensor
     m: int  # gathered tokens
     cur: int  # the current (partial) key block: its tokens are copied in each step
     block_size: int
     source: object  # the selection object it was built for (identity, not equality)
-    mask: torch.Tensor | None = None  # [1, H, 1, m + b] -inf on padded slots of shorter lists
+    mask: torch.Tensor | None = None  # [1, H, 1, cap] -inf on padded slots of shorter lists
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, groups: int, seq_start) -> bool:
@@ -51,12 +52,14 @@ def gather(
     lk: int,
     source: object = None,
     heads: int | None = None,
+    room: int = 1,
 ) -> GatheredKV:
     """Gather the listed blocks before the current block (lk - 1) // b, once per selection.
 
     block_index [1, G, 1, K], block_count [1, G, 1]: G is 1 or Hkv (see `supports`). Per-group
     lists may keep different numbers of blocks (a per-layer budget does that): the shorter ones
     are padded with masked slots, so then `heads` (query heads) is needed to build the mask.
+    room: blocks of space behind the gathered ones (the current block, and `advance`'s next).
     """
     b = block_size
     hkv, d = k.shape[1], k.shape[3]
@@ -71,24 +74,51 @@ def gather(
     n_full = max(x.numel() for x in lists)
     m = n_full * b
     kb, vb = full_blocks(k[0], cur, b), full_blocks(v[0], cur, b)
-    kbuf = torch.zeros(1, hkv, m + b, d, dtype=k.dtype, device=k.device)
-    vbuf = torch.zeros_like(kbuf)
+    cap = m + b * max(room, 1)
+    # empty, not zeros: every slot is written before it is read, except the padded slots of
+    # shorter lists, zeroed below (masked, but 0 x NaN garbage would still be NaN)
+    kbuf = torch.empty(1, hkv, cap, d, dtype=k.dtype, device=k.device)
+    vbuf = torch.empty_like(kbuf)
     mask = None
     for h in range(hkv):  # straight into the buffers: no intermediate copy
         ids = lists[0 if g == 1 else h]
         rows = ids.numel()
         torch.index_select(kb[h], 0, ids, out=kbuf[0, h, : rows * b].view(rows, b * d))
         torch.index_select(vb[h], 0, ids, out=vbuf[0, h, : rows * b].view(rows, b * d))
+        if rows * b < m:
+            kbuf[0, h, rows * b : m] = 0.0
+            vbuf[0, h, rows * b : m] = 0.0
     if g > 1 and len({x.numel() for x in lists}) > 1:
         if heads is None:
             raise ValueError("per-group lists of different lengths need the query heads")
         lens = torch.tensor([x.numel() * b for x in lists], device=k.device)
-        pad = torch.arange(m + b, device=k.device)[None, :] >= lens[:, None]
-        pad &= torch.arange(m + b, device=k.device)[None, :] < m  # current block: live
-        mask = torch.zeros(hkv, m + b, dtype=k.dtype, device=k.device)
+        pad = torch.arange(cap, device=k.device)[None, :] >= lens[:, None]
+        pad &= torch.arange(cap, device=k.device)[None, :] < m  # current block on: live
+        mask = torch.zeros(hkv, cap, dtype=k.dtype, device=k.device)
         mask = mask.masked_fill(pad, float("-inf"))
-        mask = mask.repeat_interleave(heads // hkv, dim=0).view(1, heads, 1, m + b)
+        mask = mask.repeat_interleave(heads // hkv, dim=0).view(1, heads, 1, cap)
     return GatheredKV(kbuf, vbuf, m, cur, b, source, mask)
+
+
+def advance(
+    gkv: GatheredKV, k: torch.Tensor, v: torch.Tensor, source: object = None
+) -> GatheredKV | None:
+    """The gathered K/V of a selection that kept gkv's lists and added the block after gkv.cur
+    (engine/select.py `extend_selection`): block gkv.cur, now full, joins the gathered tokens and
+    the next block becomes the current one. In place, no regathering; None when the buffer has no
+    room for another block (then gather afresh)."""
+    b = gkv.block_size
+    if gkv.m + 2 * b > gkv.k.shape[2]:
+        return None
+    start = gkv.cur * b
+    if k.shape[2] < start + b:
+        raise ValueError(f"block {gkv.cur} is not complete in a cache of {k.shape[2]} tokens")
+    gkv.k[:, :, gkv.m : gkv.m + b] = k[:, :, start : start + b]
+    gkv.v[:, :, gkv.m : gkv.m + b] = v[:, :, start : start + b]
+    gkv.m += b
+    gkv.cur += 1
+    gkv.source = source
+    return gkv
 
 
 def attend(

@@ -31,7 +31,7 @@ def _same_state(a, b) -> None:
         assert torch.equal(getattr(a.sketched, f), getattr(b.sketched, f)), f
 
 
-@pytest.mark.parametrize("every", [0, 3, 5])
+@pytest.mark.parametrize("every", [0, 3, 5, 40])  # 40: kept selections cross key blocks
 @pytest.mark.parametrize(
     "t,block,heads,kv,per_group",
     [(100, 16, 4, 2, False), (130, 32, 6, 2, True), (64, 16, 2, 1, False)],
@@ -79,6 +79,7 @@ def test_every_one_never_reuses():
     decode_step(st, q[:, :, -1:], k[:, :, -1:], 65, cfg, srht, torch.ones(1, 65, dtype=torch.bool))
     assert not reusable(st, 66, cfg, 1)
     assert reusable(st, 66, cfg, 0) and not reusable(st, 81, cfg, 0)  # 81: key block 5 starts
+    assert reusable(st, 81, cfg, 20) and not reusable(st, 81, cfg, 1)  # every 20 tokens: crosses
     assert not reusable(st, 66, cfg.with_(method="oracle"), 0)
 
 
@@ -89,8 +90,15 @@ def _generate(model, ids, cfg, reselect, recorder=None, new=12):
     return out, s
 
 
-@pytest.mark.parametrize("reselect", [0, 4])
-def test_density_one_decode_with_reuse_equals_per_step(reselect):
+@pytest.mark.parametrize("reselect", [0, 4, 40])  # 40: kept across a key block (token 97)
+def test_density_one_decode_with_reuse_equals_per_step(reselect, monkeypatch):
+    from sketchwalk.kernels import decode_cache
+
+    advanced = []
+    real = decode_cache.advance
+    monkeypatch.setattr(
+        decode_cache, "advance", lambda *a, **kw: advanced.append(1) or real(*a, **kw)
+    )
     model = tiny_llama(heads=4, kv_heads=2)
     ids = torch.randint(1, 128, (1, 90))
     cfg = SketchWalkConfig(density=1.0, block_size=16, dense_layers=(0,))
@@ -100,6 +108,7 @@ def test_density_one_decode_with_reuse_equals_per_step(reselect):
     torch.testing.assert_close(a.new_logits, b.new_logits, atol=1e-5, rtol=1e-5)
     assert s.decode_reused > 0  # some steps did reuse ...
     assert s.decode_states[1].gathered is not None  # ... through the gathered K/V path
+    assert bool(advanced) == (reselect != 0)  # kept across a block: the gathered K/V moved along
 
 
 @pytest.mark.parametrize("reselect", [1, 0])

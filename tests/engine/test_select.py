@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from sketchwalk.engine.select import ForcedRule, select_blocks, selection_mask
+from sketchwalk.engine.select import BlockSelection, ForcedRule, select_blocks, selection_mask
 
 
 def run_select(
@@ -289,3 +289,36 @@ def test_decode_row_selection_leaves_fractions_to_select_blocks():
     assert decode_row_selection(scores, 9, ForcedRule(16, sink=0.1), 0.2) is None
     assert decode_row_selection(scores, 9, ForcedRule(16, window=0.1), 0.2) is None
     assert decode_row_selection(scores, 8, ForcedRule(16), 0.2) is None  # not the last block
+
+
+@pytest.mark.parametrize("groups,density", [(1, 0.2), (3, 0.3), (2, 1.0)])
+def test_extend_selection_appends_the_new_block_to_every_list(groups, density):
+    from sketchwalk.engine.select import extend_selection
+
+    n = 30
+    torch.manual_seed(groups)
+    rule = ForcedRule(16, 0.0, 1, 0.0, 1)
+    scores = torch.rand(1, groups, 1, n)
+    sel = select_blocks(
+        scores, torch.tensor([n - 1]), rule, density, torch.zeros(1, dtype=torch.long),
+        torch.full((1,), n * 16), budget="layer",
+    )  # fmt: skip
+    ext = extend_selection(sel, n)
+    want = torch.nn.functional.pad(selection_mask(sel, n), (0, 1))
+    want[..., n] = True
+    assert torch.equal(selection_mask(ext, n + 1), want)
+    assert torch.equal(ext.block_count, sel.block_count + 1)
+    for g in range(groups):  # still sorted ascending
+        ids = ext.block_index[0, g, 0, : int(ext.block_count[0, g, 0])]
+        assert bool((ids[1:] > ids[:-1]).all())
+    assert (ext.kept, ext.candidates) == (sel.kept + groups, sel.candidates + groups)
+    with pytest.raises(ValueError, match="one-row"):
+        extend_selection(
+            BlockSelection(
+                torch.zeros(1, 1, 2, 1, dtype=torch.int32),
+                torch.ones(1, 1, 2, dtype=torch.int32),
+                2,
+                2,
+            ),
+            3,
+        )

@@ -100,3 +100,41 @@ def test_one_gather_decode_declines_what_it_cannot_do():
     kk = torch.randn(1, 2, 16 * big.numel(), 16)
     n = torch.tensor([[[big.numel()]]])
     assert cpu._decode_one_gather(q[:1], kk, kk, big, n, 16, 0.25, None) is None  # too many
+
+
+@pytest.mark.parametrize("equal", [True, False])
+@pytest.mark.parametrize("block", [16, 32])
+@pytest.mark.parametrize("heads,kv,per_group", [(9, 3, False), (9, 3, True), (4, 4, True)])
+def test_advance_across_blocks_matches_reference_on_the_extended_lists(
+    block, heads, kv, per_group, equal
+):
+    """A kept selection crossing into new key blocks: each block joins the lists as it starts;
+    the advanced buffer attends like the reference on those lists, until its room runs out."""
+    from sketchwalk.engine.select import BlockSelection, extend_selection
+
+    gen = torch.Generator().manual_seed(block + heads + 7 * equal)
+    d, lk0, room = 32, 5 * block + 3, 3
+    cur0 = (lk0 - 1) // block
+    end = (cur0 + room) * block
+    q, k, v = random_qkv(1, heads, kv, 1, end + block, d, torch.float32, gen)
+    index, count = _lists(kv if per_group else 1, cur0, 0.4, gen, equal)
+    sel = BlockSelection(index, count, 0, 0)
+    g = decode_cache.gather(
+        k[:, :, :lk0], v[:, :, :lk0], index, count, block, lk0, sel, heads, room
+    )
+    for lk in range(lk0, end + 2):
+        cur = (lk - 1) // block
+        if cur != g.cur:
+            sel = extend_selection(sel, cur)
+            g = decode_cache.advance(g, k[:, :, :lk], v[:, :, :lk], sel)
+            if cur == cur0 + room:  # room for room - 1 more blocks: then gather afresh
+                assert g is None
+                break
+        qs = torch.randn(1, heads, 1, d, generator=gen)
+        want = block_sparse_attention_reference(
+            qs, k[:, :, :lk], v[:, :, :lk], sel.block_index, sel.block_count, block
+        )
+        got = decode_cache.attend(g, qs, k[:, :, :lk], v[:, :, :lk], d**-0.5)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    else:
+        raise AssertionError("the buffer never ran out of room")
