@@ -201,7 +201,8 @@ class SketchWalkConfig:
     decode_reselect: int = knob(
         0,
         "decode: re-select each layer's blocks every k tokens (1 = every token; 0 = only when a "
-        "new key block starts; the selection is reused in between)",
+        "new key block starts; the selection is reused in between, and with k > 1 may cross "
+        "key blocks, each new block joining the lists as the local window)",
         label="Decode re-select every",
         lo=0,
         hi=1 << 16,

@@ -6,7 +6,9 @@ copies. The stateless kernel (kernels/cpu.py `_decode`) gathers the listed block
 chunk at a time, and merges chunks by log-sum-exp: ~25 ops. When the session reuses a selection
 (engine/pipeline.py `reusable`), the listed blocks before the current one are immutable past
 tokens, so they are gathered once into a buffer with room for one more block; each step copies the
-current block's tokens (at most one block) behind them and runs one SDPA call: 3 ops.
+current block's tokens (at most one block) behind them and runs one SDPA call: 3 ops. A selection
+kept across key blocks (`engine/select.py` `extend_selection`) takes the finished block into the
+buffer and moves on (`advance`), given room for more blocks.
 
 Applies to one sequence without left padding whose lists have one group or one per KV head
 (`supports`; per-group lists of different lengths get a small mask); everything else takes the
