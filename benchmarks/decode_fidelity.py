@@ -2,12 +2,14 @@
 
 For each prompt one sparse prefill is made; its cache and session are copied for each re-select
 rule (the config's decode_reselect: 1 = every token, 0 = when a key block starts, k = every k
-tokens), so the rules differ only in decode. Two measures:
+tokens; "K:S" also sets decode_reselect_span S, else the config's default span applies), so the
+rules differ only in decode. Two measures:
 - teacher-forced: every rule is fed the dense model's greedy continuation; per step KL(dense ||
   sparse) of the next-token distribution and agreement of the top-1 token with dense;
 - retrieval (eval/retrieval.py passkey and kv prompts): free greedy answers, exact match.
 
 Run: python -m sketchwalk.benchmarks.decode_fidelity [--lengths 2048 4096] [--new-tokens 48]
+     [--rules 1 0 0:0 8]
 """
 
 from __future__ import annotations
@@ -64,13 +66,20 @@ def _dense(model, ids, n):
     return toks, torch.stack(all_logits)
 
 
+def with_rule(cfg: SketchWalkConfig, rule: str) -> SketchWalkConfig:
+    """The config under a rule "K" (decode_reselect K) or "K:S" (and decode_reselect_span S)."""
+    every, _, span = rule.partition(":")
+    cfg = cfg.with_(decode_reselect=int(every))
+    return cfg.with_(decode_reselect_span=int(span)) if span else cfg
+
+
 def compare(model, ids, cfg, rules, n_new) -> dict:
     d_toks, d_logits = _dense(model, ids, n_new)
     session, cache, first = _prefill(model, ids, cfg)
     row = {}
     for rule in rules:
         s, c = copy.deepcopy(session), copy.deepcopy(cache)
-        s.cfg = s.cfg.with_(decode_reselect=rule)
+        s.cfg = with_rule(s.cfg, rule)
         _, logits = _steps(model, s, c, first, d_toks, n_new)
         p = d_logits.log_softmax(-1)
         kl = (p.exp() * (p - logits.log_softmax(-1))).sum(-1)[1:]  # decode steps only
@@ -89,7 +98,7 @@ def answers(model, tok, item, cfg, rules, n_new=8) -> dict:
     out = {"dense": is_correct(tok.decode(d_toks), item.answer)}
     for rule in rules:
         s, c = copy.deepcopy(session), copy.deepcopy(cache)
-        s.cfg = s.cfg.with_(decode_reselect=rule)
+        s.cfg = with_rule(s.cfg, rule)
         toks, _ = _steps(model, s, c, first, None, n_new)
         out[rule] = is_correct(tok.decode(toks), item.answer)
     return out
@@ -103,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096])
     ap.add_argument("--new-tokens", type=int, default=48)
-    ap.add_argument("--rules", type=int, nargs="+", default=[1, 0, 8])
+    ap.add_argument("--rules", nargs="+", default=["1", "0", "0:0", "8"])
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--density", type=float, default=0.2)
     ap.add_argument("--retrieval-length", type=int, default=2048, help="0: no retrieval items")

@@ -207,6 +207,15 @@ class SketchWalkConfig:
         lo=0,
         hi=1 << 16,
     )
+    decode_reselect_span: int = knob(
+        512,
+        "decode: also re-select at least every max(1, T // span) tokens, T the context length "
+        "(0 = off): a kept selection costs most fidelity at short contexts, where re-selecting "
+        "is cheap, so the re-selection cost per token stays flat as T grows",
+        label="Decode re-select span",
+        lo=0,
+        hi=1 << 24,
+    )
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -323,6 +332,7 @@ LEGACY: dict[str, Any] = {
     "query_block": 0,
     "query_samples": 0,
     "decode_reselect": 1,
+    "decode_reselect_span": 0,
 }
 
 # ---- presets: data next to the declaration ----------------------------------------------------
@@ -357,6 +367,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dense_tail_blocks": 4,
         "dense_layers": (0, 1),
         "decode_reselect": 1,
+        "decode_reselect_span": 0,
     },
 }
 

@@ -684,9 +684,17 @@ def reusable(st: DecodeLayerState, lk: int, cfg: SketchWalkConfig, every: int) -
     """May this step reuse the layer's last selection? every: re-select every that many tokens
     (1: every token, the exact rule; 0: when a new key block starts). With every > 1 a kept
     selection may cross into new key blocks: each joins the lists as it starts (decode_reuse).
-    Only methods that score from the sketch state alone keep selections."""
+    cfg.decode_reselect_span caps the reuse at max(1, lk // span) tokens (with every 0: that
+    cadence replaces the key-block rule where it is shorter). Only methods that score from the
+    sketch state alone keep selections."""
     if every == 1 or st.selection is None or not cfg.method_spec.chunks:
         return False
+    if cfg.decode_reselect_span:  # short contexts: at most every lk // span tokens
+        cap = max(1, lk // cfg.decode_reselect_span)
+        if every == 0 and cap < cfg.block_size:
+            every = cap  # then on that cadence, across key blocks
+        elif every > 1:
+            every = min(every, cap)
     if every == 0:
         return (lk - 1) // cfg.block_size == st.selected_block
     return st.steps_since + 1 < every

@@ -316,7 +316,7 @@ class Session:
                     k.shape[2],
                     sel,
                     heads=q.shape[1],
-                    room=1 + -(-self.cfg.decode_reselect // b),  # blocks it may cross
+                    room=2 + -(-self.cfg.decode_reselect // b),  # blocks it may cross
                 )
             except ValueError:
                 st.gathered = None

@@ -31,16 +31,23 @@ def _same_state(a, b) -> None:
         assert torch.equal(getattr(a.sketched, f), getattr(b.sketched, f)), f
 
 
-@pytest.mark.parametrize("every", [0, 3, 5, 40])  # 40: kept selections cross key blocks
+@pytest.mark.parametrize(
+    "every,span", [(0, 0), (3, 0), (5, 0), (40, 0), (0, 30), (40, 12)]
+)  # 40: kept selections cross key blocks; span: re-select every lk // span tokens at most
 @pytest.mark.parametrize(
     "t,block,heads,kv,per_group",
     [(100, 16, 4, 2, False), (130, 32, 6, 2, True), (64, 16, 2, 1, False)],
 )
-def test_fresh_selection_after_reuse_equals_every_step(every, t, block, heads, kv, per_group):
+def test_fresh_selection_after_reuse_equals_every_step(every, span, t, block, heads, kv, per_group):
     torch.manual_seed(t + every)
     d = 16
     cfg = SketchWalkConfig(
-        block_size=block, density=0.3, per_group=per_group, query_window=8, sketch_dim=8
+        block_size=block,
+        density=0.3,
+        per_group=per_group,
+        query_window=8,
+        sketch_dim=8,
+        decode_reselect_span=span,
     )
     q, k = torch.randn(1, heads, t, d), torch.randn(1, kv, t, d)
     srht = make_srht(d, cfg.sketch_dim, 0, 3)
@@ -58,6 +65,7 @@ def test_fresh_selection_after_reuse_equals_every_step(every, t, block, heads, k
             reused += 1
             assert lazy.selected_block == (lk - 1) // block  # same key block as when selected
             assert every == 0 or lazy.steps_since < every
+            assert not span or lazy.steps_since < max(1, lk // span)
             for f in ("q_sum", "k_sum", "q_count", "k_count"):  # sums always current
                 assert torch.equal(getattr(lazy.sketched, f), getattr(fresh.sketched, f))
         else:
@@ -72,7 +80,7 @@ def test_fresh_selection_after_reuse_equals_every_step(every, t, block, heads, k
 
 
 def test_every_one_never_reuses():
-    cfg = SketchWalkConfig(block_size=16)
+    cfg = SketchWalkConfig(block_size=16, decode_reselect_span=0)
     q, k = torch.randn(1, 2, 64, 16), torch.randn(1, 1, 64, 16)
     srht = make_srht(16, cfg.sketch_dim, 0, 0)
     st = start_decode(prefill_plan(q, k, cfg, srht), q, srht, cfg)
@@ -81,6 +89,11 @@ def test_every_one_never_reuses():
     assert reusable(st, 66, cfg, 0) and not reusable(st, 81, cfg, 0)  # 81: key block 5 starts
     assert reusable(st, 81, cfg, 20) and not reusable(st, 81, cfg, 1)  # every 20 tokens: crosses
     assert not reusable(st, 66, cfg.with_(method="oracle"), 0)
+    # the span: at most every lk // span tokens; with every 0 that cadence crosses key blocks
+    assert not reusable(st, 66, cfg.with_(decode_reselect_span=64), 0)  # 66 // 64 = 1: every token
+    assert reusable(st, 81, cfg.with_(decode_reselect_span=40), 0)  # every 2 tokens, crossing
+    assert reusable(st, 66, cfg.with_(decode_reselect_span=4), 0)  # 16: the block rule again
+    assert not reusable(st, 81, cfg.with_(decode_reselect_span=4), 0)
 
 
 def _generate(model, ids, cfg, reselect, recorder=None, new=12):
@@ -101,7 +114,7 @@ def test_density_one_decode_with_reuse_equals_per_step(reselect, monkeypatch):
     )
     model = tiny_llama(heads=4, kv_heads=2)
     ids = torch.randint(1, 128, (1, 90))
-    cfg = SketchWalkConfig(density=1.0, block_size=16, dense_layers=(0,))
+    cfg = SketchWalkConfig(density=1.0, block_size=16, dense_layers=(0,), decode_reselect_span=0)
     a, _ = _generate(model, ids, cfg, 1)
     b, s = _generate(model, ids, cfg, reselect)
     assert a.new_ids == b.new_ids
