@@ -58,14 +58,21 @@ def test_padded_batch_matches_eager_at_density_one():
     sparse = logits(model, ids, "sketch_walk", SketchWalkConfig(**FULL), attention_mask=mask)
     real = mask.bool()
     assert torch.allclose(eager[real], sparse[real], atol=2e-5, rtol=1e-4)
-    # and decoding a padded batch: every row equals its own unpadded greedy continuation
-    model.set_attn_implementation("sketch_walk")
-    with sketch_walk_session(SketchWalkConfig(**FULL)):
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+    # and decoding a padded batch: every row equals its own unpadded greedy continuation, with a
+    # selection per token and with selections kept across key blocks (token 49 starts block 3)
     model.set_attn_implementation("sdpa")
-    for b in range(3):
-        alone = model.generate(ids[b : b + 1, ~(mask[b] == 0)], max_new_tokens=8, do_sample=False)
-        assert torch.equal(out[b, -8:], alone[0, -8:])
+    alone = [
+        model.generate(ids[b : b + 1, ~(mask[b] == 0)], max_new_tokens=8, do_sample=False)
+        for b in range(3)
+    ]
+    for keep in ({}, {"decode_reselect": 6, "decode_reselect_span": 0}):
+        model.set_attn_implementation("sketch_walk")
+        with sketch_walk_session(SketchWalkConfig(**FULL, **keep)) as s:
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+        model.set_attn_implementation("sdpa")
+        assert (s.decode_reused > 0) == bool(keep)
+        for b in range(3):
+            assert torch.equal(out[b, -8:], alone[b][0, -8:])
 
 
 @pytest.mark.parametrize("method", ["sketchwalk", "nowalk", "oracle", "streaming"])
