@@ -30,6 +30,7 @@ from .sketch import (
     block_means,
     block_pool,
     causal_block_softmax,
+    current_row_mass,
     group_queries,
     key_summary,
     sample_positions,
@@ -620,7 +621,7 @@ def decode_step(
         refresh_rows(st, d, cfg, cur, all_valid)
         sk = st.sketched
         if cfg.estimator == "sampled" and keys is not None:
-            probs = decode_sampled_mass(st.window, srht, keys, key_valid, cfg, d)
+            probs = decode_sampled_mass(st.window, srht, keys, key_valid, cfg, d, all_valid)
             return aggregate_heads(probs, cfg.per_group)
         km, key_side = key_estimates(st, d, cfg, n)
         if key_side is not None:
@@ -662,17 +663,21 @@ def decode_sampled_mass(
     key_valid: torch.Tensor,
     cfg: SketchWalkConfig,
     dim: int,
+    all_valid: bool = False,
 ) -> torch.Tensor:
     """The sampled estimator in decode, [B, Hkv, G, 1, n]: the last query_samples queries of the
     window (0: all of it) scored against every key in the cache, each seeing all of them (they
     stand for the current row), their block masses averaged. The window holds sketched queries
     S q; (S q) S^T scored against raw keys is the sketched inner product (S q).(S k) for any r,
     so the cache is never sketched. Cost: samples x H x T x d, once per fresh selection (with
-    decode_reselect 0: once per key block)."""
+    decode_reselect 0: once per key block). all_valid: no padding, so the one-row path
+    (sketch.current_row_mass) applies."""
     lk = keys.shape[2]
     s = cfg.query_samples or window.shape[2]
     qs = window[:, :, -s:] @ srht.matrix.T  # [B, H, s, d]
     s = qs.shape[2]
+    if all_valid:
+        return current_row_mass(qs, keys.float(), cfg.block_size, dim, cfg.tau)
     pos = torch.full((s,), lk - 1, dtype=torch.long, device=keys.device)
     q_valid = key_valid[:, lk - s :].bool()  # the window's queries are the last s tokens
     return sampled_block_mass(

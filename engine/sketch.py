@@ -339,3 +339,23 @@ def sampled_block_mass(
         mass.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)  # padding queries: NaN rows
         out[..., :nkc].index_add_(3, p // b - j0, mass)
     return _mean_per_row(out, blk_all - j0, q_valid)
+
+
+def current_row_mass(
+    qs: torch.Tensor, ks: torch.Tensor, block_size: int, dim: int, tau: float
+) -> torch.Tensor:
+    """sampled_block_mass for decode's one row when every key is real: the queries qs [B, H, s, r]
+    all stand for the newest position, so each sees every key in ks [B, Hkv, Lk, r]; their block
+    masses [B, Hkv, G, 1, n] are averaged. No causal mask, no padded copy of the scores (a partial
+    last block is summed apart), no per-row scatter: at 7k tokens the generic path spent a
+    quarter of its time filling a padded copy."""
+    bsz, h, s, r = ks.shape[0], qs.shape[1], qs.shape[2], qs.shape[3]
+    hkv, lk = ks.shape[1], ks.shape[2]
+    gh, b = h // hkv, block_size
+    qg = (group_queries(qs, hkv) * (dim**-0.5 / tau)).reshape(bsz, hkv, gh * s, r)
+    probs = torch.softmax(qg @ ks.transpose(-1, -2), -1)  # [B, Hkv, G*s, Lk]
+    full = lk // b
+    mass = probs[..., : full * b].unflatten(-1, (full, b)).sum(-1)
+    if lk > full * b:
+        mass = torch.cat([mass, probs[..., full * b :].sum(-1, keepdim=True)], -1)
+    return mass.view(bsz, hkv, gh, s, -1).mean(3, keepdim=True)

@@ -226,13 +226,18 @@ def test_sampled_estimator_equals_brute_force_block_mass(t, b, samples, pad):
     assert torch.allclose(rows[scored], torch.ones(1), atol=1e-5)
 
 
-@pytest.mark.parametrize("d, r, samples, pad", [(16, 16, 4, 0), (16, 8, 2, 3), (12, 32, 0, 0)])
+@pytest.mark.parametrize(
+    "d, r, samples, pad, all_valid",
+    [(16, 16, 4, 0, False), (16, 16, 4, 0, True), (16, 8, 2, 3, False), (12, 32, 0, 0, True),
+     (16, 8, 2, 0, True)],
+)  # fmt: skip
 def test_decode_sampled_estimate_scores_the_last_window_queries_against_every_key(
-    d, r, samples, pad
+    d, r, samples, pad, all_valid
 ):
     """Decode's sampled estimate: the last `samples` sketched window queries, each scored against
     every real key in the sketched space ((S q).(S k), the sketch of any r), block masses
-    averaged over the real ones."""
+    averaged over the real ones. all_valid: the one-row path without padding (a partial last
+    block: 45 keys in blocks of 8)."""
     from sketchwalk.engine.config import SketchWalkConfig
     from sketchwalk.engine.pipeline import decode_sampled_mass
     from sketchwalk.engine.sketch import make_srht
@@ -245,7 +250,7 @@ def test_decode_sampled_estimate_scores_the_last_window_queries_against_every_ke
     valid = torch.ones(2, lk, dtype=torch.bool)
     valid[1, :pad] = False
     cfg = SketchWalkConfig(block_size=b, query_samples=samples, sketch_dim=r)
-    got = decode_sampled_mass(window, srht, keys, valid, cfg, d)
+    got = decode_sampled_mass(window, srht, keys, valid, cfg, d, all_valid)
     used = window[:, :, -(samples or w) :]
     sk = srht(keys)
     n = -(-lk // b)
