@@ -341,7 +341,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # This project's measured best at 20% density on the default model (docs/quality.md).
     "default": {},
     # Speed first: 64-token blocks (the CPU kernel's calls stay long) and the block-mean
-    # estimator; per-group lists and one budget per layer as in the default. No dense layers:
+    # estimator; per-group lists and one budget per layer as in the default; decode re-selects
+    # once per key block whatever the context length. No dense layers:
     # they cost ~1.2 s of a 7k prefill and, with block means, bought little (KL without them:
     # GPL-3 6k 0.093 -> 0.091, Apache-2.0 0.228 -> 0.229, MPL-2.0 0.134 -> 0.131, argparse.py
     # 0.123 -> 0.135; docs/quality.md).
@@ -351,6 +352,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "estimator": "mean",
         "query_samples": 0,
         "dense_layers": (),
+        "decode_reselect_span": 0,  # decode keeps a selection for its whole 64-token key block
     },
     # The published configuration (the paper's README defaults), with our explicit density.
     "paper": {
