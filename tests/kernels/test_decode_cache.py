@@ -61,6 +61,10 @@ def test_refuses_what_it_cannot_do():
     g = decode_cache.gather(k, v, index, count, 16, 100)
     with pytest.raises(ValueError, match="gathered for block 6"):
         decode_cache.attend(g, q, torch.cat([k, k], 2)[:, :, :113], v, 0.25)
+    assert decode_cache.advance(g, k, v) is None  # room for the current block only (room=1)
+    g = decode_cache.gather(k, v, index, count, 16, 100, room=2)
+    with pytest.raises(ValueError, match="not complete"):
+        decode_cache.advance(g, k, v)  # block 6 of a 100-token cache holds 4 tokens
     assert decode_cache.supports(q, k, 1, None) and decode_cache.supports(q, k, 2, None)
     assert not decode_cache.supports(q, k, 1, torch.tensor([3]))
     assert not decode_cache.supports(torch.cat([q, q]), k, 1, None)
