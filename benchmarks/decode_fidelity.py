@@ -67,10 +67,28 @@ def _dense(model, ids, n):
 
 
 def with_rule(cfg: SketchWalkConfig, rule: str) -> SketchWalkConfig:
-    """The config under a rule "K" (decode_reselect K) or "K:S" (and decode_reselect_span S)."""
-    every, _, span = rule.partition(":")
-    cfg = cfg.with_(decode_reselect=int(every))
-    return cfg.with_(decode_reselect_span=int(span)) if span else cfg
+    """The config under a rule "K" (decode_reselect K) or "K:S" (and decode_reselect_span S);
+    a malformed rule is a one-line ValueError (ConfigError for values out of range)."""
+    every, sep, span = rule.partition(":")
+    try:
+        if sep and not span:
+            raise ValueError
+        changes = {
+            "decode_reselect": int(every),
+            **({"decode_reselect_span": int(span)} if span else {}),
+        }
+    except ValueError:
+        raise ValueError(f"a rule is K or K:S with whole numbers, got {rule!r}") from None
+    return cfg.with_(**changes)
+
+
+def _rule(text: str) -> str:
+    """argparse type: check a rule before any model is loaded."""
+    try:
+        with_rule(SketchWalkConfig(), text)
+    except ValueError as e:  # ConfigError is a ValueError too
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def compare(model, ids, cfg, rules, n_new) -> dict:
@@ -112,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096])
     ap.add_argument("--new-tokens", type=int, default=48)
-    ap.add_argument("--rules", nargs="+", default=["1", "0", "0:0", "8"])
+    ap.add_argument("--rules", nargs="+", type=_rule, default=["1", "0", "0:0", "8"])
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--density", type=float, default=0.2)
     ap.add_argument("--retrieval-length", type=int, default=2048, help="0: no retrieval items")

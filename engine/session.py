@@ -298,12 +298,7 @@ class Session:
         b = self.cfg.block_size
         cur = (k.shape[2] - 1) // b
         g = st.gathered
-        if (
-            g is not None
-            and st.extended_from is not None
-            and g.source is st.extended_from
-            and g.cur == cur - 1
-        ):
+        if g is not None and g.source is st.extended_from and g.cur == cur - 1:
             g = decode_cache.advance(g, k, v, source=sel)  # the kept lists crossed a block
         if g is None or g.source is not sel or g.cur != cur:
             try:

@@ -115,14 +115,19 @@ def group_queries(q: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
     return q.view(bsz, n_kv_heads, h // n_kv_heads, *q.shape[2:])
 
 
+def kv_rows(q: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+    """[B, H, L, r] -> [B, Hkv, (H/Hkv) L, r]: the query heads of a KV head as rows of one matrix,
+    so one matmul per KV head scores them all; a broadcast matmul over group_queries would copy
+    the keys once per query head (at 7k tokens in decode that copy cost more than the product)."""
+    return q.reshape(q.shape[0], n_kv_heads, -1, q.shape[-1])
+
+
 def block_logits(qs: torch.Tensor, ks: torch.Tensor, dim: int, tau: float) -> torch.Tensor:
     """Sketched block logits [B, Hkv, G, nq, nk] from qs [B, H, nq, r] and ks [B, Hkv, nk, r]."""
     bsz, hkv, nk = ks.shape[0], ks.shape[1], ks.shape[2]
     gh, nq = qs.shape[1] // hkv, qs.shape[2]
-    # the query heads of a KV head as rows of one matrix: a broadcast matmul would copy the keys
-    # once per query head (at 7k tokens in decode that copy cost more than the product)
-    qg = qs.reshape(bsz, hkv, gh * nq, qs.shape[3])
-    return (qg @ ks.transpose(-1, -2)).view(bsz, hkv, gh, nq, nk) * (dim**-0.5 / tau)
+    logits = kv_rows(qs, hkv) @ ks.transpose(-1, -2)
+    return logits.view(bsz, hkv, gh, nq, nk) * (dim**-0.5 / tau)
 
 
 def causal_block_softmax(
@@ -322,7 +327,7 @@ def sampled_block_mass(
         kend = int(p[-1]) + 1  # no query of this chunk sees past itself
         nkc = -(-kend // b)
         width = nkc * b  # whole blocks: the keys past kend are masked like the future
-        qg = (group_queries(qs[:, :, s:e], hkv) * c).reshape(bsz, hkv, gh * (e - s), r)
+        qg = kv_rows(qs[:, :, s:e] * c, hkv)
         scores = qg @ keys_t[..., :width]  # past lk (a partial last block): -inf columns
         if width > lk:  # pad the scores, not the keys: in decode they are 50x smaller
             scores = torch.nn.functional.pad(scores, (0, width - lk), value=float("-inf"))
@@ -349,10 +354,10 @@ def current_row_mass(
     masses [B, Hkv, G, 1, n] are averaged. No causal mask, no padded copy of the scores (a partial
     last block is summed apart), no per-row scatter: at 7k tokens the generic path spent a
     quarter of its time filling a padded copy."""
-    bsz, h, s, r = ks.shape[0], qs.shape[1], qs.shape[2], qs.shape[3]
+    bsz, h, s = ks.shape[0], qs.shape[1], qs.shape[2]
     hkv, lk = ks.shape[1], ks.shape[2]
     gh, b = h // hkv, block_size
-    qg = (group_queries(qs, hkv) * (dim**-0.5 / tau)).reshape(bsz, hkv, gh * s, r)
+    qg = kv_rows(qs * (dim**-0.5 / tau), hkv)
     probs = torch.softmax(qg @ ks.transpose(-1, -2), -1)  # [B, Hkv, G*s, Lk]
     full = lk // b
     mass = probs[..., : full * b].unflatten(-1, (full, b)).sum(-1)

@@ -1,0 +1,23 @@
+"""The decode-fidelity benchmark's re-select rules: parsed and checked before a model loads."""
+
+import pytest
+
+from sketchwalk.benchmarks.decode_fidelity import main, with_rule
+from sketchwalk.engine.config import SketchWalkConfig
+
+
+def test_rules_set_the_reselect_knobs():
+    cfg = SketchWalkConfig()
+    assert with_rule(cfg, "4").decode_reselect == 4
+    assert with_rule(cfg, "4").decode_reselect_span == cfg.decode_reselect_span
+    ruled = with_rule(cfg, "0:0")
+    assert (ruled.decode_reselect, ruled.decode_reselect_span) == (0, 0)
+
+
+@pytest.mark.parametrize("bad", ["x", "4:", "4:y", "-1", "1:-5"])
+def test_bad_rules_are_one_line_errors_before_the_model_loads(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--rules", bad])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--rules" in err[-1] and "Traceback" not in "".join(err)
