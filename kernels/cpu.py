@@ -471,6 +471,7 @@ def _prefill(
     r_b, r_g, r_i = r // (g * nq), (r // nq) % g, r % nq
     head_rows = ((r_b * h + r_g * hq).unsqueeze(1) + torch.arange(hq)) * nq + r_i.unsqueeze(1)
     kv_tok = (r_b * hkv + r_g * hkv // g) * lk  # [R] token offset of the row's first KV head
+    kv_head = kv_tok.unsqueeze(1) + torch.arange(hk) * lk  # [R, hk] each KV head's first token
     acc = _Accumulator(bsz, g, hq, nq, tq, d)
 
     def attend_rows(rows: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, **kw) -> None:
@@ -482,6 +483,22 @@ def _prefill(
     def view(x: torch.Tensor, n: int, row_stride: int, tok: int, length: int) -> torch.Tensor:
         """[n, hk, length, d] strided view of x starting at flat token `tok` (no copy)."""
         return x.as_strided((n, hk, length, d), (row_stride * d, lk * d, d, 1), tok * d)
+
+    # Scattered middle blocks: gathered (memcpy rows), one call per block count. First, so that
+    # their scattered rows are written once (index_copy_) rather than read, merged and written
+    # back; the later pieces are consecutive rows that merge in place through strided views.
+    k_rows, v_rows = _block_view(k, b), _block_view(v, b)
+    counts = runs.middle_count
+    order = torch.argsort(counts, stable=True)
+    sizes = torch.bincount(counts, minlength=1).tolist()
+    for c, rows in zip(range(len(sizes)), torch.split(order, sizes), strict=True):
+        if c == 0 or rows.numel() == 0:
+            continue
+        n = rows.numel()
+        pos = kv_head[rows].unsqueeze(-1) + runs.middle[rows, :c].unsqueeze(1) * b  # [n,hk,c]
+        kg = k_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
+        vg = v_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
+        attend_rows(rows, kg, vg)
 
     # Windows: consecutive rows with the same run length and the same offset to their row slide
     # along the keys one tile per row: one strided view (row stride = one tile). When the run
@@ -507,7 +524,6 @@ def _prefill(
                 attend_rows(rows, kg, view(v, n, qt, tok, blocks * b), mask=mask)
 
     # Edge: blocks that need a mask and were not fused above, all rows in one call.
-    kv_head = kv_tok.unsqueeze(1) + torch.arange(hk) * lk  # [R, hk]
     rows = torch.nonzero((plan.edge_count > 0) & ~fused).squeeze(1)
     if rows.numel():
         n, e = rows.numel(), plan.edge.shape[1]
@@ -547,20 +563,6 @@ def _prefill(
             o, lse = _attend(qg, view(k, 1, 0, tok, length), view(v, 1, 0, tok, length), scale)
             o = o.view(hq, n, tq, d).transpose(0, 1)
             acc.add(rows, o, lse.view(hq, n, tq).transpose(0, 1))
-
-    # Scattered middle blocks: gathered (memcpy rows), one call per block count.
-    k_rows, v_rows = _block_view(k, b), _block_view(v, b)
-    counts = runs.middle_count
-    order = torch.argsort(counts, stable=True)
-    sizes = torch.bincount(counts, minlength=1).tolist()
-    for c, rows in zip(range(len(sizes)), torch.split(order, sizes), strict=True):
-        if c == 0 or rows.numel() == 0:
-            continue
-        n = rows.numel()
-        pos = kv_head[rows].unsqueeze(-1) + runs.middle[rows, :c].unsqueeze(1) * b  # [n,hk,c]
-        kg = k_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
-        vg = v_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
-        attend_rows(rows, kg, vg)
 
     res = acc.out.view(bsz, h, nq * tq, d)[:, :, :lq]
     return res.to(dt)
