@@ -24,6 +24,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from sketchwalk.engine.cache import new_cache  # noqa: E402
 from sketchwalk.engine.config import SketchWalkConfig  # noqa: E402
 from sketchwalk.engine.hook import NAME  # noqa: E402
 from sketchwalk.engine.session import bind_session, sketch_walk_session  # noqa: E402
@@ -33,7 +34,7 @@ from sketchwalk.engine.session import bind_session, sketch_walk_session  # noqa:
 def _prefill(model, ids, cfg):
     model.set_attn_implementation(NAME)
     with sketch_walk_session(cfg) as s:
-        out = model(ids, use_cache=True, logits_to_keep=1)
+        out = model(ids, use_cache=True, logits_to_keep=1, **new_cache(model))
     return s, out.past_key_values, out.logits[0, -1].float()
 
 
@@ -55,7 +56,7 @@ def _steps(model, session, cache, first_logits, feed: list[int] | None, n: int) 
 @torch.no_grad()
 def _dense(model, ids, n):
     model.set_attn_implementation("sdpa")
-    out = model(ids, use_cache=True, logits_to_keep=1)
+    out = model(ids, use_cache=True, logits_to_keep=1, **new_cache(model))
     cache, logits = out.past_key_values, out.logits[0, -1].float()
     toks, all_logits = [], [logits]
     for _ in range(n):

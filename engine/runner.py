@@ -12,7 +12,6 @@ resident memory in its timings (`peak_rss_mb`).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,6 +20,7 @@ import torch
 import sketchwalk
 from sketchwalk.progress import Progress
 
+from .cache import cache_kwarg, new_cache
 from .clock import now_ms, timed
 from .config import SketchWalkConfig
 from .hook import NAME
@@ -86,11 +86,6 @@ def validate_prompt(
         )
 
 
-def cache_kwarg(model: torch.nn.Module) -> str:
-    """transformers 5.x renamed past_key_values to cache; accept both."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 @dataclass
 class LMParts:
     """A causal LM split into its body (final hidden states) and its head (hidden -> logits).
@@ -146,7 +141,8 @@ def greedy(
     """
     parts = LMParts.of(model)
     kw = cache_kwarg(parts.body)
-    out, prefill_ms = timed(lambda: parts.body(ids, use_cache=True), ids.device)
+    start = new_cache(parts.body)
+    out, prefill_ms = timed(lambda: parts.body(ids, use_cache=True, **start), ids.device)
     cache = getattr(out, "cache", None) or out.past_key_values
     hidden = parts.hidden(out)[0]
     prompt_hidden = hidden.cpu()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .cache import cache_kwarg, new_cache
 from .clock import now_ms, timed
 from .config import SketchWalkConfig
 from .hook import NAME
@@ -34,11 +35,6 @@ class Pass:
     first_token: int
 
 
-def _cache_kw(model: torch.nn.Module) -> str:
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def _keep_kw(model: torch.nn.Module) -> dict:
     params = inspect.signature(model.forward).parameters
     return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
@@ -53,11 +49,12 @@ def one_pass(
     after_prefill: Callable[[], None] | None = None,
 ) -> tuple[float, list[float], int]:
     """Prefill then greedy decode; returns prefill ms, per-token decode ms, the first new token."""
-    kw = _cache_kw(model)
+    kw = cache_kwarg(model)
+    start = new_cache(model)
     keep = {} if all_logits else _keep_kw(model)
     dev = ids.device
     t0 = now_ms(dev)
-    out = model(ids, use_cache=True, **keep)
+    out = model(ids, use_cache=True, **keep, **start)
     nxt = int(out.logits[0, -1].argmax())
     prefill = now_ms(dev) - t0
     first = nxt

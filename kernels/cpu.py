@@ -188,14 +188,30 @@ def _block_view(x: torch.Tensor, b: int) -> torch.Tensor:
     return flat.unfold(0, b * d, d)
 
 
+def _rows_contiguous(x: torch.Tensor) -> bool:
+    """[..., L, d] whose token rows follow one another within each head: a contiguous cache, or
+    the filled part of a cache with room (engine/cache.py), whose heads are further apart."""
+    return x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
+
+
 def full_blocks(x: torch.Tensor, n: int, b: int) -> torch.Tensor:
     """[Hkv, L, d] -> [Hkv, n, b * d]: the first n full blocks as rows, for index_select. A view
-    when x is contiguous: reshaping the slice copied the whole cache whenever L is not a
-    multiple of b (~1 ms a layer per decode step at 7k tokens)."""
-    hkv, length, d = x.shape
-    if x.is_contiguous():
-        return x.as_strided((hkv, n, b * d), (length * d, b * d, 1))
+    when rows are contiguous per head: reshaping the slice copied the whole cache whenever L is
+    not a multiple of b (~1 ms a layer per decode step at 7k tokens)."""
+    hkv, _, d = x.shape
+    if _rows_contiguous(x):
+        return x.as_strided((hkv, n, b * d), (x.stride(0), b * d, 1))
     return x[:, : n * b].reshape(hkv, n, b * d)
+
+
+def _token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """[Hkv, L, d] -> ([R, d] view of its token rows, rows from one head to the next), so that one
+    index_select reads any head's rows; None when rows are not contiguous per head."""
+    hkv, length, d = x.shape
+    if not _rows_contiguous(x) or x.stride(0) % d:
+        return None
+    step = x.stride(0) // d if hkv > 1 else length
+    return x.as_strided(((hkv - 1) * step + length, d), (d, 1)), step
 
 
 @dataclass
@@ -665,8 +681,10 @@ def _decode_one_gather(
     g = block_index.shape[1]
     if bsz != 1 or seq_start is not None or g not in (1, hkv) or h % hkv:
         return None
-    if not (k.is_contiguous() and v.is_contiguous()):
+    k_rows, v_rows = _token_rows(k[0]), _token_rows(v[0])
+    if k_rows is None or v_rows is None or k_rows[1] != v_rows[1]:
         return None
+    step = k_rows[1]
     nk = -(-lk // b)
     tok = torch.arange(b)
     rows = []
@@ -686,10 +704,12 @@ def _decode_one_gather(
         )
         mask = mask.view(1, g, 1, m)
         rows = [F.pad(r, (0, m - r.numel())) for r in rows]
-    idx = torch.stack(rows) + torch.arange(0, hkv * lk, lk).unsqueeze(1)  # [Hkv, m] (g broadcasts)
+    idx = torch.stack(rows) + torch.arange(0, hkv * step, step).unsqueeze(
+        1
+    )  # [Hkv, m], g broadcasts
     idx = idx.view(-1).to(k.device)
-    kg = k.view(hkv * lk, d).index_select(0, idx).view(1, hkv, m, d)
-    vg = v.view(hkv * lk, d).index_select(0, idx).view(1, hkv, m, d)
+    kg = k_rows[0].index_select(0, idx).view(1, hkv, m, d)
+    vg = v_rows[0].index_select(0, idx).view(1, hkv, m, d)
     if mask is not None:
         mask = mask.to(q.device)
     qg = q.reshape(1, hkv, h // hkv, d)

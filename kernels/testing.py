@@ -171,6 +171,16 @@ def poisoned(like: torch.Tensor) -> torch.Tensor:
     return torch.full_like(like, float("nan"))
 
 
+def with_room(x: torch.Tensor, room: int) -> torch.Tensor:
+    """x [B, H, L, D] as the filled part of a buffer with `room` more rows per head, NaN there,
+    as a growing KV cache hands it over (engine/cache.py): a kernel that reads past L, or that
+    assumes the heads are L rows apart, gives NaN or wrong values."""
+    bsz, h, length, d = x.shape
+    buf = torch.full((bsz, h, length + room, d), float("nan"), dtype=x.dtype)
+    buf[:, :, :length] = x
+    return buf[:, :, :length]
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """max |out - ref| / max |ref|, in fp32; NaN anywhere gives inf (never passes)."""
     out, ref = out.float(), ref.float()

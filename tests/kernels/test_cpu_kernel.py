@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sketchwalk.kernels.cpu import block_sparse_attention_cpu
+from sketchwalk.kernels.cpu import block_sparse_attention_cpu, full_blocks
 from sketchwalk.kernels.reference import (
     block_sparse_attention_reference,
     dense_block_index,
@@ -22,6 +22,7 @@ from sketchwalk.kernels.testing import (
     rel_err,
     staircase_block_index,
     uneven_block_index,
+    with_room,
 )
 
 # (batch, heads, kv_heads, lq, lk, head_dim, block, groups)
@@ -298,3 +299,32 @@ def test_decode_one_gather_matches_reference(groups, lk):
     out = block_sparse_attention_cpu(q, k, v, idx, cnt_empty, 16, True)
     ref = block_sparse_attention_reference(q, k, v, idx, cnt_empty, 16, True)
     assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "lq,lk,groups", [(300, 300, 3), (120, 333, 1), (1, 250, 3), (1, 4500, 1), (1, 4607, 3)]
+)
+def test_cache_with_room_matches_reference(lq, lk, groups):
+    """K/V as a growing cache hands them over (the filled part of buffers with room, NaN beyond):
+    prefill, queries after a cache, and each decode path read only the filled rows of each head."""
+    import sketchwalk.kernels.cpu as cpu
+
+    gen = torch.Generator().manual_seed(lq + lk + groups)
+    q, k, v = random_qkv(1, 9, 3, lq, lk, 32, torch.float32, gen)
+    idx, cnt = random_block_index(1, groups, lq, lk, 16, 0.3, gen)
+    kr, vr = with_room(k, 40), with_room(v, 40)
+    assert not kr.is_contiguous()
+    ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16)
+    assert rel_err(block_sparse_attention_cpu(q, kr, vr, idx, cnt, 16), ref) < 1e-5
+    if lq == 1 and lk > cpu._DECODE_MASKED_MAX_TOKENS:  # the one-gather path takes the views
+        one = cpu._decode_one_gather(q, kr, vr, idx, cnt, 16, 32**-0.5, None)
+        assert one is not None and rel_err(one, ref) < 1e-5
+
+
+def test_full_blocks_of_a_cache_with_room_is_a_view():
+    gen = torch.Generator().manual_seed(5)
+    _, k, _ = random_qkv(1, 1, 3, 1, 70, 8, torch.float32, gen)
+    kr = with_room(k, 13)[0]
+    blocks = full_blocks(kr, 4, 16)
+    assert blocks.data_ptr() == kr.data_ptr()  # no copy of the cache
+    assert torch.equal(blocks, k[0, :, :64].reshape(3, 4, 16 * 8))
