@@ -16,6 +16,8 @@ def dense_attention(
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     if lq == lk:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    if lq == 1:  # decode: the one query sees every key; an all-true mask costs SDPA ~2x here
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
     # SDPA's is_causal aligns top-left; queries here are the last Lq positions (bottom-right).
     rows = torch.arange(lq, device=q.device)[:, None] + (lk - lq)
     causal = torch.arange(lk, device=q.device)[None, :] <= rows
