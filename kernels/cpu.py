@@ -704,9 +704,8 @@ def _decode_one_gather(
         )
         mask = mask.view(1, g, 1, m)
         rows = [F.pad(r, (0, m - r.numel())) for r in rows]
-    idx = torch.stack(rows) + torch.arange(0, hkv * step, step).unsqueeze(
-        1
-    )  # [Hkv, m], g broadcasts
+    heads = torch.arange(0, hkv * step, step).unsqueeze(1)  # each KV head's first row
+    idx = torch.stack(rows) + heads  # [Hkv, m]: one list (g = 1) broadcasts over the heads
     idx = idx.view(-1).to(k.device)
     kg = k_rows[0].index_select(0, idx).view(1, hkv, m, d)
     vg = v_rows[0].index_select(0, idx).view(1, hkv, m, d)
