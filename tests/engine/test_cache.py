@@ -38,6 +38,14 @@ def test_updates_equal_concatenation_and_grow_in_place(monkeypatch):
     assert 1 <= moved <= 3  # the buffer grew a few times, not once per token
 
 
+def test_room_is_a_quarter_within_bounds():
+    gen = torch.Generator().manual_seed(2)
+    for n, room in [(10, 256), (2000, 500), (40000, 4096)]:
+        layer = GrowingLayer()
+        layer.update(*_kv(gen, n, bsz=1))
+        assert layer._kbuf.shape[2] - n == room
+
+
 @pytest.mark.parametrize("op", ["crop", "select", "reorder", "repeat"])
 def test_cache_edits_then_updates_stay_equal(op):
     """transformers' crop / batch selection / beam reorder replace the views; the next update
