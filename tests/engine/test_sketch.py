@@ -192,10 +192,15 @@ def test_sampled_estimate_is_the_mean_over_the_sampled_queries():
     assert not torch.allclose(sampled, every, atol=1e-4)  # fewer queries: a different estimate
 
 
-@pytest.mark.parametrize("t, b, samples, pad", [(70, 16, 4, 0), (64, 16, 1, 5), (33, 8, 8, 3)])
-def test_sampled_estimator_equals_brute_force_block_mass(t, b, samples, pad):
+@pytest.mark.parametrize(
+    "t, b, samples, pad, chunk",
+    [(70, 16, 4, 0, 1 << 21), (64, 16, 1, 5, 1 << 21), (33, 8, 8, 3, 1 << 21), (70, 16, 4, 3, 600),
+     (45, 8, 2, 0, 1)],
+)  # fmt: skip
+def test_sampled_estimator_equals_brute_force_block_mass(t, b, samples, pad, chunk):
     """Per scored query: the exact softmax over the real keys up to it, summed per key block;
-    a row is the mean over its scored real queries."""
+    a row is the mean over its scored real queries. chunk: score matrix elements per pass (small:
+    many chunks sharing one buffer, of different widths)."""
     from sketchwalk.engine.sketch import sample_positions, sampled_block_mass
 
     torch.manual_seed(t + b)
@@ -204,7 +209,7 @@ def test_sampled_estimator_equals_brute_force_block_mass(t, b, samples, pad):
     valid = torch.ones(2, t, dtype=torch.bool)
     valid[1, :pad] = False  # left padding in the second sequence
     pos = sample_positions(t, b, samples)
-    got = sampled_block_mass(qs[:, :, pos], valid[:, pos], pos, ks, valid, b, r, 1.0)
+    got = sampled_block_mass(qs[:, :, pos], valid[:, pos], pos, ks, valid, b, r, 1.0, chunk)
     n = -(-t // b)
     want = torch.zeros(2, hkv, h // hkv, n, n)
     count = torch.zeros(2, n)
