@@ -176,16 +176,15 @@ def _triangle(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
     return m
 
 
-def _block_view(x: torch.Tensor, b: int) -> torch.Tensor:
-    """[B, Hkv, L, D] contiguous -> overlapping [B*Hkv*L - b + 1, b*D] view: row p = tokens p..p+b-1.
+def _block_view(rows: torch.Tensor, b: int) -> torch.Tensor:
+    """Token rows [R, D] (a view) -> overlapping [R - b + 1, b*D] view: row p = tokens p..p+b-1.
 
     Lets index_select copy whole key blocks as memcpy rows without padding x to a block multiple.
     """
-    d = x.shape[-1]
-    flat = x.reshape(-1)
-    if flat.numel() < b * d:
-        flat = F.pad(flat, (0, b * d - flat.numel()))
-    return flat.unfold(0, b * d, d)
+    n, d = rows.shape
+    if n < b:
+        return F.pad(rows.reshape(-1), (0, (b - n) * d)).view(1, b * d)
+    return rows.as_strided((n - b + 1, b * d), (d, 1))
 
 
 def _rows_contiguous(x: torch.Tensor) -> bool:
@@ -202,6 +201,19 @@ def full_blocks(x: torch.Tensor, n: int, b: int) -> torch.Tensor:
     if _rows_contiguous(x):
         return x.as_strided((hkv, n, b * d), (x.stride(0), b * d, 1))
     return x[:, : n * b].reshape(hkv, n, b * d)
+
+
+def _kv_rows(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """K, V [B, Hkv, L, d] as [R, d] views of their token rows, and the rows from one sequence
+    and from one head to the next. Row-contiguous K and V with the same strides (a prefill's keys
+    in a cache with room, or a part's prefix of the keys) are read in place; others are copied."""
+    bsz, hkv, length, d = k.shape
+    if not (_rows_contiguous(k) and k.stride() == v.stride()) or k.stride(0) % d or k.stride(1) % d:
+        k, v = k.contiguous(), v.contiguous()
+    seq = k.stride(0) // d if bsz > 1 else 0
+    head = k.stride(1) // d if hkv > 1 else 0
+    n = (bsz - 1) * seq + (hkv - 1) * head + length
+    return k.as_strided((n, d), (d, 1)), v.as_strided((n, d), (d, 1)), seq, head
 
 
 def _token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
@@ -285,12 +297,14 @@ class _Accumulator:
     """fp32 output and log-sum-exp per (head row, query); partial results merge by LSE.
 
     Pieces that cover consecutive query blocks of one (batch, group) merge in place through strided
-    views; only scattered rows pay for index_select/index_copy.
+    views; only scattered rows pay for index_select/index_copy. The output starts unfilled (a
+    zero fill was ~2% of a 7k-token layer): a row's first piece writes it, a piece that also
+    covers written rows first zeroes the others, and `result` zeroes rows no piece covered.
     """
 
     def __init__(self, bsz: int, g: int, hq: int, nq: int, tq: int, d: int) -> None:
         self.shape = (bsz, g, hq, nq, tq, d)
-        self.out = torch.zeros(self.shape, dtype=torch.float32)
+        self.out = torch.empty(self.shape, dtype=torch.float32)
         self.lse = torch.full(self.shape[:-1], _NEG_INF, dtype=torch.float32)
         self.seen = torch.zeros(bsz * g * nq, dtype=torch.bool)
 
@@ -306,7 +320,10 @@ class _Accumulator:
         """Merge o [n, hq, tq, d] and lse [n, hq, tq] of the rows (flat (batch, group, block) ids)."""
         bsz, g, hq, nq, tq, d = self.shape
         n = rows.numel()
-        first = not bool(self.seen[rows].any())
+        seen = self.seen[rows]
+        first = not bool(seen.any())
+        if not first and not bool(seen.all()):
+            self._zero(rows[~seen])
         self.seen[rows] = True
         lse = lse.float()
         r0, r1 = int(rows[0]), int(rows[-1])
@@ -320,9 +337,7 @@ class _Accumulator:
             cur = self.lse.view(bsz * g, hq, nq, tq)[bg, :, i0 : i0 + n]
             o_v, l_v = o.transpose(0, 1), lse.transpose(0, 1)
         else:  # scattered rows: gather, merge, scatter back
-            bg, i = rows // nq, rows % nq
-            hr = ((bg * hq).unsqueeze(1) + torch.arange(hq)) * nq + i.unsqueeze(1)
-            hr = hr.reshape(-1)
+            hr = self._head_rows(rows)
             flat_out = self.out.view(-1, tq, d)
             flat_lse = self.lse.view(-1, tq)
             o_f, l_f = o.reshape(-1, tq, d), lse.reshape(-1, tq)
@@ -340,6 +355,22 @@ class _Accumulator:
             cur.copy_(l_v)
         else:
             self._merge(out, cur, o_v, l_v)
+
+    def _head_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Flat (batch, group, head, block) ids of the rows' query heads."""
+        _, _, hq, nq, _, _ = self.shape
+        bg, i = rows // nq, rows % nq
+        return (((bg * hq).unsqueeze(1) + torch.arange(hq)) * nq + i.unsqueeze(1)).reshape(-1)
+
+    def _zero(self, rows: torch.Tensor) -> None:
+        self.out.view(-1, *self.shape[-2:]).index_fill_(0, self._head_rows(rows), 0.0)
+
+    def result(self) -> torch.Tensor:
+        """[B, G, hq, nq, tq, d]: rows that saw no key (no piece covered them) are zero."""
+        missing = torch.nonzero(~self.seen).squeeze(1)
+        if missing.numel():
+            self._zero(missing)
+        return self.out
 
 
 def _consecutive(rows: torch.Tensor) -> list[torch.Tensor]:
@@ -415,7 +446,9 @@ def _in_parts(
     seq_start: torch.Tensor | None,
     parts: list[int],
 ) -> torch.Tensor:
-    """The query tiles in consecutive parts on a pool of threads, one part each; concatenated.
+    """The query tiles in consecutive parts on a pool of threads, one part each, each copying its
+    rows into the shared output (in its own thread: a torch.cat after the last part was 3% of
+    a 7k-token layer, on one thread).
 
     Why: the CPU flash kernel parallelises one call over its heads and query splits, and the
     sparse path's many short calls leave the second core idle much of the time (CPU time 1.4x
@@ -426,11 +459,13 @@ def _in_parts(
     off = lk - lq
     modes = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
-    def part(i0: int, i1: int) -> torch.Tensor:
+    out = q.new_empty(q.shape)  # contiguous, as torch.cat gave
+
+    def part(i0: int, i1: int) -> None:
         q0, q1 = i0 * qt, min(i1 * qt, lq)
         kend = min(off + q1, lk) if causal else lk
         with torch.inference_mode(modes[1]), torch.set_grad_enabled(modes[0]):
-            return _prefill(
+            out[:, :, q0:q1] = _prefill(
                 q[:, :, q0:q1], k[:, :, :kend], v[:, :, :kend],
                 block_index[:, :, i0:i1], block_count[:, :, i0:i1],
                 b, qt, causal, scale, seq_start,
@@ -438,7 +473,9 @@ def _in_parts(
 
     pool = _pool(len(parts) - 1)
     futures = [pool.submit(part, i0, i1) for i0, i1 in zip(parts, parts[1:], strict=False)]
-    return torch.cat([f.result() for f in futures], dim=2)
+    for f in futures:
+        f.result()
+    return out
 
 
 @functools.lru_cache(maxsize=4)
@@ -475,19 +512,20 @@ def _prefill(
     plan = _plan(block_index.cpu(), block_count.cpu(), b, lq, lk, causal, seq_start, qt)
     runs = _runs(plan.interior, plan.interior_count, g, nq, r_tile)
     dt = q.dtype
-    q = q.contiguous()
-    if nq * tq != lq:
-        q = F.pad(q, (0, 0, 0, nq * tq - lq))
-    k = k.to(dt).contiguous()
-    v = v.to(dt).contiguous()
+    if nq * tq != lq or not q.is_contiguous():  # one copy: padded to whole tiles, contiguous
+        qp = q.new_empty(bsz, h, nq * tq, d)
+        qp[:, :, :lq] = q
+        qp[:, :, lq:] = 0
+        q = qp
+    k_tok, v_tok, seq_rows, head_rows_kv = _kv_rows(k.to(dt), v.to(dt))
     q_rows = q.view(bsz * h * nq, tq, d)
 
     r_all = bsz * g * nq
     r = torch.arange(r_all)
     r_b, r_g, r_i = r // (g * nq), (r // nq) % g, r % nq
     head_rows = ((r_b * h + r_g * hq).unsqueeze(1) + torch.arange(hq)) * nq + r_i.unsqueeze(1)
-    kv_tok = (r_b * hkv + r_g * hkv // g) * lk  # [R] token offset of the row's first KV head
-    kv_head = kv_tok.unsqueeze(1) + torch.arange(hk) * lk  # [R, hk] each KV head's first token
+    kv_tok = r_b * seq_rows + (r_g * hkv // g) * head_rows_kv  # [R] row's first KV head's token 0
+    kv_head = kv_tok.unsqueeze(1) + torch.arange(hk) * head_rows_kv  # [R, hk] each KV head's
     acc = _Accumulator(bsz, g, hq, nq, tq, d)
 
     def attend_rows(rows: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, **kw) -> None:
@@ -497,13 +535,14 @@ def _prefill(
         acc.add(rows, o, lse)
 
     def view(x: torch.Tensor, n: int, row_stride: int, tok: int, length: int) -> torch.Tensor:
-        """[n, hk, length, d] strided view of x starting at flat token `tok` (no copy)."""
-        return x.as_strided((n, hk, length, d), (row_stride * d, lk * d, d, 1), tok * d)
+        """[n, hk, length, d] strided view of token rows x [R, d] from row `tok` (no copy)."""
+        off = x.storage_offset() + tok * d
+        return x.as_strided((n, hk, length, d), (row_stride * d, head_rows_kv * d, d, 1), off)
 
     # Scattered middle blocks: gathered (memcpy rows), one call per block count. First, so that
     # their scattered rows are written once (index_copy_) rather than read, merged and written
     # back; the later pieces are consecutive rows that merge in place through strided views.
-    k_rows, v_rows = _block_view(k, b), _block_view(v, b)
+    k_rows, v_rows = _block_view(k_tok, b), _block_view(v_tok, b)
     counts = runs.middle_count
     order = torch.argsort(counts, stable=True)
     sizes = torch.bincount(counts, minlength=1).tolist()
@@ -536,8 +575,8 @@ def _prefill(
                 if bool(fused[rows[0]]):
                     blocks += r_tile
                     mask = _triangle(tq, blocks * b, dt)
-                kg = view(k, n, qt, tok, blocks * b)
-                attend_rows(rows, kg, view(v, n, qt, tok, blocks * b), mask=mask)
+                kg = view(k_tok, n, qt, tok, blocks * b)
+                attend_rows(rows, kg, view(v_tok, n, qt, tok, blocks * b), mask=mask)
 
     # Edge: blocks that need a mask and were not fused above, all rows in one call.
     rows = torch.nonzero((plan.edge_count > 0) & ~fused).squeeze(1)
@@ -548,8 +587,8 @@ def _prefill(
         dead = torch.arange(e).unsqueeze(0) >= plan.edge_count[rows].unsqueeze(1)
         kpos = kpos.masked_fill(dead.repeat_interleave(b, dim=1), lk)  # never visible
         src = kv_head[rows].unsqueeze(-1) + kpos.clamp(max=lk - 1).unsqueeze(1)  # [n,hk,e*b]
-        kg = k.view(-1, d).index_select(0, src.reshape(-1)).view(n, hk, e * b, d)
-        vg = v.view(-1, d).index_select(0, src.reshape(-1)).view(n, hk, e * b, d)
+        kg = k_tok.index_select(0, src.reshape(-1)).view(n, hk, e * b, d)
+        vg = v_tok.index_select(0, src.reshape(-1)).view(n, hk, e * b, d)
         if bool(plan.plain[rows].all()):
             attend_rows(rows, kg, vg, causal=True)
         else:
@@ -576,11 +615,12 @@ def _prefill(
             n, length, tok = rows.numel(), int(runs.prefix[rows[0]]) * b, int(kv_tok[rows[0]])
             bg, i0 = divmod(int(rows[0]), nq)
             qg = q_seq[bg, :, i0 * tq : (i0 + n) * tq].unsqueeze(0)
-            o, lse = _attend(qg, view(k, 1, 0, tok, length), view(v, 1, 0, tok, length), scale)
+            kg, vg = view(k_tok, 1, 0, tok, length), view(v_tok, 1, 0, tok, length)
+            o, lse = _attend(qg, kg, vg, scale)
             o = o.view(hq, n, tq, d).transpose(0, 1)
             acc.add(rows, o, lse.view(hq, n, tq).transpose(0, 1))
 
-    res = acc.out.view(bsz, h, nq * tq, d)[:, :, :lq]
+    res = acc.result().view(bsz, h, nq * tq, d)[:, :, :lq]
     return res.to(dt)
 
 

@@ -242,6 +242,12 @@ def test_uneven_counts_match_reference(shape, padded):
     out = block_sparse_attention_cpu(*args, query_block=r * b)
     ref = block_sparse_attention_reference(*args, query_block=r * b)
     assert rel_err(out, ref) < 1e-5
+    # as a model hands them over: transposed queries, K/V in a cache with room (NaN past the
+    # filled rows); read in place, the very same result
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)
+    kr, vr = with_room(k, 24), with_room(v, 24)
+    moved = block_sparse_attention_cpu(qt, kr, vr, *args[3:], query_block=r * b)
+    assert torch.equal(moved, out)
 
 
 SPLIT_SHAPES = [  # enough query tiles for up to 5 parts of at least 4 tiles, but the third
@@ -273,6 +279,12 @@ def test_split_over_threads_matches_reference(monkeypatch, shape, causal, worker
     out = block_sparse_attention_cpu(*args, query_block=r * b)
     ref = block_sparse_attention_reference(*args, query_block=r * b)
     assert rel_err(out, ref) < 1e-5
+    # as a model hands them over: transposed queries, K/V in a cache with room (NaN past the
+    # filled rows); read in place, the very same result
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)
+    kr, vr = with_room(k, 24), with_room(v, 24)
+    moved = block_sparse_attention_cpu(qt, kr, vr, *args[3:], query_block=r * b)
+    assert torch.equal(moved, out)
 
 
 @pytest.mark.parametrize("groups", [1, 3])
