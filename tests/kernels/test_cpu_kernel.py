@@ -250,6 +250,31 @@ def test_uneven_counts_match_reference(shape, padded):
     assert torch.equal(moved, out)
 
 
+def test_parts_leave_the_thread_count_as_they_found_it(monkeypatch):
+    """Parts run with one intra-op thread each; afterwards the caller and any new thread (a new
+    app session's) still get the caller's count."""
+    import threading
+
+    from sketchwalk.kernels import cpu
+
+    monkeypatch.setattr(cpu, "_workers", lambda: 2)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = random_qkv(1, 4, 2, 512, 512, 16, torch.float32, gen)
+    idx, cnt = uneven_block_index(1, 2, 512, 512, 16, gen, 1)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert len(cpu._split_points(cnt, 2)) > 2
+        block_sparse_attention_cpu(q, k, v, idx, cnt, 16)
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+        assert torch.get_num_threads() == 2 and seen == [2]
+    finally:
+        torch.set_num_threads(threads)
+
+
 SPLIT_SHAPES = [  # enough query tiles for up to 5 parts of at least 4 tiles, but the third
     (1, 9, 3, 1300, 1300, 16, 16, 3, 4),  # the default model's heads, a partial last tile
     (2, 8, 2, 500, 530, 16, 16, 2, 1),  # one list per block, queries after a cache
@@ -285,6 +310,31 @@ def test_split_over_threads_matches_reference(monkeypatch, shape, causal, worker
     kr, vr = with_room(k, 24), with_room(v, 24)
     moved = block_sparse_attention_cpu(qt, kr, vr, *args[3:], query_block=r * b)
     assert torch.equal(moved, out)
+
+
+def test_parts_leave_the_thread_count_as_they_found_it(monkeypatch):
+    """Parts run with one intra-op thread each; afterwards the caller and any new thread (a new
+    app session's) still get the caller's count."""
+    import threading
+
+    from sketchwalk.kernels import cpu
+
+    monkeypatch.setattr(cpu, "_workers", lambda: 2)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = random_qkv(1, 4, 2, 512, 512, 16, torch.float32, gen)
+    idx, cnt = uneven_block_index(1, 2, 512, 512, 16, gen, 1)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert len(cpu._split_points(cnt, 2)) > 2
+        block_sparse_attention_cpu(q, k, v, idx, cnt, 16)
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        t.start()
+        t.join()
+        assert torch.get_num_threads() == 2 and seen == [2]
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("groups", [1, 3])
