@@ -26,11 +26,12 @@ block); the interior/edge split and the count grouping are ours.
 from __future__ import annotations
 
 import functools
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from .parts import run_in_parts, workers
 
 _NEG_INF = float("-inf")
 _RUN_SLACK = 4  # blocks a row may give up to share its sink run with its neighbours
@@ -411,15 +412,10 @@ def block_sparse_attention_cpu(
         raise ValueError(f"heads {h} must be a multiple of index groups {g} and KV heads {hkv}")
     if lq == 1 and causal and (hkv % g == 0 or g % hkv == 0):
         return _decode(q, k, v, block_index, block_count, b, scale, seq_start)
-    parts = _split_points(block_count, _workers())
+    parts = _split_points(block_count, workers())
     if len(parts) > 2:
         return _in_parts(q, k, v, block_index, block_count, b, qt, causal, scale, seq_start, parts)
     return _prefill(q, k, v, block_index, block_count, b, qt, causal, scale, seq_start)
-
-
-def _workers() -> int:
-    """Threads to split a prefill over: torch's intra-op thread count (tests override it)."""
-    return torch.get_num_threads()
 
 
 def _split_points(block_count: torch.Tensor, workers: int) -> list[int]:
@@ -446,47 +442,29 @@ def _in_parts(
     seq_start: torch.Tensor | None,
     parts: list[int],
 ) -> torch.Tensor:
-    """The query tiles in consecutive parts on a pool of threads, one part each with one
-    intra-op thread, each writing its rows into the shared output.
+    """The query tiles in consecutive parts (kernels/parts.py: one thread each), each writing
+    its rows into the shared output.
 
     Why: the CPU flash kernel parallelises one call over its heads and query splits, and the
     sparse path's many short calls leave the second core idle much of the time (CPU time 1.4x
     wall against dense SDPA's 1.9x). Parts are independent (a tile's output depends only on its
     list), so the result is the unsplit one. A causal part reads the keys up to its last query.
-    The parts already fill the cores; with two intra-op threads each, every small op of a part
-    woke a sleeping OpenMP thread: one thread per part was 12-18% faster on real 7k-token layers
-    (docs/speed.md).
     """
     lq, lk = q.shape[2], k.shape[2]
     off = lk - lq
-    modes = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-    threads = torch.get_num_threads()  # what each part restores: the caller's, never a part's
     out = q.new_empty(q.shape)  # contiguous, as torch.cat gave
 
     def part(i0: int, i1: int) -> None:
         q0, q1 = i0 * qt, min(i1 * qt, lq)
         kend = min(off + q1, lk) if causal else lk
-        torch.set_num_threads(1)
-        try:
-            with torch.inference_mode(modes[1]), torch.set_grad_enabled(modes[0]):
-                out[:, :, q0:q1] = _prefill(
-                    q[:, :, q0:q1], k[:, :, :kend], v[:, :, :kend],
-                    block_index[:, :, i0:i1], block_count[:, :, i0:i1],
-                    b, qt, causal, scale, seq_start,
-                )  # fmt: skip
-        finally:
-            torch.set_num_threads(threads)
+        out[:, :, q0:q1] = _prefill(
+            q[:, :, q0:q1], k[:, :, :kend], v[:, :, :kend],
+            block_index[:, :, i0:i1], block_count[:, :, i0:i1],
+            b, qt, causal, scale, seq_start,
+        )  # fmt: skip
 
-    pool = _pool(len(parts) - 1)
-    futures = [pool.submit(part, i0, i1) for i0, i1 in zip(parts, parts[1:], strict=False)]
-    for f in futures:
-        f.result()
+    run_in_parts(part, parts)
     return out
-
-
-@functools.lru_cache(maxsize=4)
-def _pool(workers: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(workers, thread_name_prefix="sketchwalk-kernel")
 
 
 def _prefill(

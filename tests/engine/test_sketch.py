@@ -193,15 +193,25 @@ def test_sampled_estimate_is_the_mean_over_the_sampled_queries():
 
 
 @pytest.mark.parametrize(
-    "t, b, samples, pad, chunk",
-    [(70, 16, 4, 0, 1 << 21), (64, 16, 1, 5, 1 << 21), (33, 8, 8, 3, 1 << 21), (70, 16, 4, 3, 600),
-     (45, 8, 2, 0, 1)],
+    "t, b, samples, pad, chunk, parts",
+    [(70, 16, 4, 0, 1 << 21, 1), (64, 16, 1, 5, 1 << 21, 2), (33, 8, 8, 3, 1 << 21, 1),
+     (70, 16, 4, 3, 600, 2), (45, 8, 2, 0, 1, 3), (90, 8, 8, 7, 1, 2)],
 )  # fmt: skip
-def test_sampled_estimator_equals_brute_force_block_mass(t, b, samples, pad, chunk):
+def test_sampled_estimator_equals_brute_force_block_mass(
+    monkeypatch, t, b, samples, pad, chunk, parts
+):
     """Per scored query: the exact softmax over the real keys up to it, summed per key block;
     a row is the mean over its scored real queries. chunk: score matrix elements per pass (small:
-    many chunks sharing one buffer, of different widths)."""
+    many chunks, of different widths); parts: threads the queries are cut over (kernels/parts.py,
+    only where each part gets two chunks)."""
+    import sketchwalk.engine.sketch as sketch
     from sketchwalk.engine.sketch import sample_positions, sampled_block_mass
+
+    monkeypatch.setattr(sketch, "workers", lambda: parts)
+    split, real = [], sketch.run_in_parts
+    monkeypatch.setattr(
+        sketch, "run_in_parts", lambda fn, cuts: (split.append(cuts), real(fn, cuts))
+    )
 
     torch.manual_seed(t + b)
     h, hkv, r = 4, 2, 8
@@ -226,6 +236,7 @@ def test_sampled_estimator_equals_brute_force_block_mass(t, b, samples, pad, chu
                     want[bi, hi // 2, hi % 2, p // b, j // b] += pr
     want = want / count.clamp(min=1)[:, None, None, :, None]
     assert torch.allclose(got, want, atol=1e-5)
+    assert bool(split) == (parts > 1 and chunk < 1000)  # small chunks: enough for parts
     rows = got.sum(-1)  # every scored row is a distribution
     scored = (count > 0)[:, None, None, :].expand_as(rows)
     assert torch.allclose(rows[scored], torch.ones(1), atol=1e-5)
@@ -269,3 +280,21 @@ def test_decode_sampled_estimate_scores_the_last_window_queries_against_every_ke
                 for j, pr in zip(seen, probs, strict=True):
                     want[bi, hi // 2, hi % 2, 0, j // b] += pr / used.shape[2]
     assert torch.allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "length, b, samples, parts", [(700, 16, 4, 2), (700, 16, 16, 3), (64, 8, 1, 2)]
+)
+def test_work_cuts_end_at_query_blocks_with_about_equal_work(length, b, samples, parts):
+    from sketchwalk.engine.sketch import _cuts_by_work, sample_positions
+
+    pos = sample_positions(length, b, samples)
+    cuts = _cuts_by_work(pos, b, parts, 2)
+    assert cuts[0] == 0 and cuts[-1] == pos.numel() and cuts == sorted(set(cuts))
+    assert len(cuts) == parts + 1
+    blk = pos // b
+    for c in cuts[1:-1]:  # no query block is split between two parts
+        assert blk[c] != blk[c - 1]
+    work = [float((pos[a:e] + 1).sum()) for a, e in zip(cuts, cuts[1:], strict=False)]
+    assert max(work) - min(work) <= 2 * min(samples, b) * length  # a block's queries at most
+    assert _cuts_by_work(pos, b, parts, pos.numel()) == [0, pos.numel()]  # parts too short

@@ -250,31 +250,6 @@ def test_uneven_counts_match_reference(shape, padded):
     assert torch.equal(moved, out)
 
 
-def test_parts_leave_the_thread_count_as_they_found_it(monkeypatch):
-    """Parts run with one intra-op thread each; afterwards the caller and any new thread (a new
-    app session's) still get the caller's count."""
-    import threading
-
-    from sketchwalk.kernels import cpu
-
-    monkeypatch.setattr(cpu, "_workers", lambda: 2)
-    gen = torch.Generator().manual_seed(3)
-    q, k, v = random_qkv(1, 4, 2, 512, 512, 16, torch.float32, gen)
-    idx, cnt = uneven_block_index(1, 2, 512, 512, 16, gen, 1)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        assert len(cpu._split_points(cnt, 2)) > 2
-        block_sparse_attention_cpu(q, k, v, idx, cnt, 16)
-        seen = []
-        t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
-        t.start()
-        t.join()
-        assert torch.get_num_threads() == 2 and seen == [2]
-    finally:
-        torch.set_num_threads(threads)
-
-
 SPLIT_SHAPES = [  # enough query tiles for up to 5 parts of at least 4 tiles, but the third
     (1, 9, 3, 1300, 1300, 16, 16, 3, 4),  # the default model's heads, a partial last tile
     (2, 8, 2, 500, 530, 16, 16, 2, 1),  # one list per block, queries after a cache
@@ -296,7 +271,7 @@ def test_split_over_threads_matches_reference(monkeypatch, shape, causal, worker
     idx, cnt = uneven_block_index(bsz, g, lq, lk, b, gen, r)
     starts = torch.randint(0, 2 * b, (bsz,), generator=gen)
     args = (q, k, v, idx, cnt, b, causal, None, starts)
-    monkeypatch.setattr(cpu, "_workers", lambda: workers)
+    monkeypatch.setattr(cpu, "workers", lambda: workers)
     parts = cpu._split_points(cnt, workers)
     nq = cnt.shape[2]
     assert parts == sorted(set(parts)) and parts[0] == 0 and parts[-1] == nq
@@ -319,7 +294,7 @@ def test_parts_leave_the_thread_count_as_they_found_it(monkeypatch):
 
     from sketchwalk.kernels import cpu
 
-    monkeypatch.setattr(cpu, "_workers", lambda: 2)
+    monkeypatch.setattr(cpu, "workers", lambda: 2)
     gen = torch.Generator().manual_seed(3)
     q, k, v = random_qkv(1, 4, 2, 512, 512, 16, torch.float32, gen)
     idx, cnt = uneven_block_index(1, 2, 512, 512, 16, gen, 1)
