@@ -2,8 +2,8 @@
 
 For each prompt one sparse prefill is made; its cache and session are copied for each re-select
 rule (the config's decode_reselect: 1 = every token, 0 = when a key block starts, k = every k
-tokens; "K:S" also sets decode_reselect_span S, else the config's default span applies), so the
-rules differ only in decode. Two measures:
+tokens; "K:S" also sets decode_reselect_span S, else the config's default span applies; "K:S:0"
+also turns decode_stagger off), so the rules differ only in decode. Two measures:
 - teacher-forced: every rule is fed the dense model's greedy continuation; per step KL(dense ||
   sparse) of the next-token distribution and agreement of the top-1 token with dense;
 - retrieval (eval/retrieval.py passkey and kv prompts): free greedy answers, exact match.
@@ -68,19 +68,24 @@ def _dense(model, ids, n):
 
 
 def with_rule(cfg: SketchWalkConfig, rule: str) -> SketchWalkConfig:
-    """The config under a rule "K" (decode_reselect K) or "K:S" (and decode_reselect_span S);
-    a malformed rule is a one-line ValueError (ConfigError for values out of range)."""
-    every, sep, span = rule.partition(":")
+    """The config under a rule "K" (decode_reselect K), "K:S" (and decode_reselect_span S) or
+    "K:S:T" (and decode_stagger T, 0 or 1); a malformed rule is a one-line ValueError
+    (ConfigError for values out of range)."""
+    parts = rule.split(":")
+    names = ("decode_reselect", "decode_reselect_span", "decode_stagger")
     try:
-        if sep and not span:
+        if len(parts) > 3 or not all(p.strip() for p in parts):
             raise ValueError
-        changes = {
-            "decode_reselect": int(every),
-            **({"decode_reselect_span": int(span)} if span else {}),
-        }
+        values = [int(p) for p in parts]
+        if len(values) == 3 and values[2] not in (0, 1):
+            raise ValueError
     except ValueError:
-        raise ValueError(f"a rule is K or K:S with whole numbers, got {rule!r}") from None
-    return cfg.with_(**changes)
+        raise ValueError(
+            f"a rule is K, K:S or K:S:T with whole numbers (T 0 or 1), got {rule!r}"
+        ) from None
+    if len(values) == 3:
+        values[2] = bool(values[2])
+    return cfg.with_(**dict(zip(names, values, strict=False)))
 
 
 def _rule(text: str) -> str:

@@ -216,6 +216,13 @@ class SketchWalkConfig:
         lo=0,
         hi=1 << 24,
     )
+    decode_stagger: bool = knob(
+        True,
+        "decode: spread the layers' re-selections over the re-selection cadence instead of "
+        "re-selecting every layer at the same token (same mean cost per token, no step that "
+        "pays for all layers at once)",
+        label="Stagger decode re-selections",
+    )
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -333,6 +340,7 @@ LEGACY: dict[str, Any] = {
     "query_samples": 0,
     "decode_reselect": 1,
     "decode_reselect_span": 0,
+    "decode_stagger": False,
 }
 
 # ---- presets: data next to the declaration ----------------------------------------------------

@@ -290,6 +290,7 @@ class DecodeLayerState:
     selection: BlockSelection | None = None  # the last decode selection ...
     selected_block: int = -1  # ... made while this key block was the current one ...
     steps_since: int = 0  # ... this many tokens ago
+    phase: float = 0.0  # where in its re-selection cadence the layer re-selects (decode_stagger)
     extended_from: BlockSelection | None = None  # `selection` is this one plus its newest block
     gathered: object | None = None  # its K/V gathered by the kernel (kernels/decode_cache.py)
     # per key block, what the estimators read from the sums (see key_estimates), in buffers with
@@ -307,10 +308,18 @@ class DecodeLayerState:
 
 
 def start_decode(
-    plan: Plan, q: torch.Tensor, srht: SRHT, cfg: SketchWalkConfig
+    plan: Plan, q: torch.Tensor, srht: SRHT, cfg: SketchWalkConfig, layer: int = 0
 ) -> DecodeLayerState:
     """Decode state from a prefill layer: its A_l, sums, and the last W sketched queries."""
-    return DecodeLayerState(plan.a, plan.sketched, srht(q[:, :, -cfg.query_window :]))
+    st = DecodeLayerState(plan.a, plan.sketched, srht(q[:, :, -cfg.query_window :]))
+    st.phase = stagger_phase(layer)
+    return st
+
+
+def stagger_phase(layer: int) -> float:
+    """Layer's offset in its re-selection cadence, as a fraction: multiples of the golden ratio
+    spread evenly whatever the number of layers and the cadence (which grows with T)."""
+    return (layer * 0.6180339887498949) % 1.0
 
 
 def key_estimates(
@@ -691,7 +700,9 @@ def reusable(st: DecodeLayerState, lk: int, cfg: SketchWalkConfig, every: int) -
     selection may cross into new key blocks: each joins the lists as it starts (decode_reuse).
     cfg.decode_reselect_span caps the reuse at max(1, lk // span) tokens (with every 0: that
     cadence replaces the key-block rule where it is shorter). Only methods that score from the
-    sketch state alone keep selections."""
+    sketch state alone keep selections. With cfg.decode_stagger a layer re-selects where its own
+    window of that cadence, shifted by st.phase, starts, so the layers take turns; the key-block
+    rule then crosses key blocks too. A kept selection never outlives the cadence."""
     if every == 1 or st.selection is None or not cfg.method_spec.chunks:
         return False
     if cfg.decode_reselect_span:  # short contexts: at most every lk // span tokens
@@ -701,8 +712,16 @@ def reusable(st: DecodeLayerState, lk: int, cfg: SketchWalkConfig, every: int) -
         elif every > 1:
             every = min(every, cap)
     if every == 0:
-        return (lk - 1) // cfg.block_size == st.selected_block
-    return st.steps_since + 1 < every
+        if not cfg.decode_stagger:
+            return (lk - 1) // cfg.block_size == st.selected_block
+        every = cfg.block_size
+    since = st.steps_since + 1  # tokens since the selection
+    if since >= every:
+        return False
+    if not cfg.decode_stagger:
+        return True
+    shift = int(st.phase * every)
+    return (lk - 1 + shift) // every == (lk - 1 - since + shift) // every
 
 
 def decode_reuse(

@@ -205,7 +205,7 @@ class Session:
                 self.walk_prev = plan.w
             if for_decode:
                 self.decode_states[layer] = start_decode(
-                    plan, q, self.srht(layer, q.shape[-1], q.device), cfg
+                    plan, q, self.srht(layer, q.shape[-1], q.device), cfg, layer
                 )
         if not sparse:
             return (plan, *self._dense("prefill", q, k, v, mask, scale))

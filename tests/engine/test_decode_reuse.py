@@ -38,7 +38,10 @@ def _same_state(a, b) -> None:
     "t,block,heads,kv,per_group",
     [(100, 16, 4, 2, False), (130, 32, 6, 2, True), (64, 16, 2, 1, False)],
 )
-def test_fresh_selection_after_reuse_equals_every_step(every, span, t, block, heads, kv, per_group):
+@pytest.mark.parametrize("phase", [None, 0.0, 0.37])  # None: not staggered
+def test_fresh_selection_after_reuse_equals_every_step(
+    every, span, t, block, heads, kv, per_group, phase
+):
     torch.manual_seed(t + every)
     d = 16
     cfg = SketchWalkConfig(
@@ -48,12 +51,14 @@ def test_fresh_selection_after_reuse_equals_every_step(every, span, t, block, he
         query_window=8,
         sketch_dim=8,
         decode_reselect_span=span,
+        decode_stagger=phase is not None,
     )
     q, k = torch.randn(1, heads, t, d), torch.randn(1, kv, t, d)
     srht = make_srht(d, cfg.sketch_dim, 0, 3)
     plan = prefill_plan(q, k, cfg, srht)
     fresh = start_decode(plan, q, srht, cfg)
     lazy = copy.deepcopy(fresh)
+    lazy.phase = phase or 0.0
     reused = 0
     for step in range(1, 2 * block + 7):
         lk = t + step
@@ -64,7 +69,7 @@ def test_fresh_selection_after_reuse_equals_every_step(every, span, t, block, he
             got = decode_reuse(lazy, qn, kn, lk, cfg, srht, valid).selection
             reused += 1
             assert lazy.selected_block == (lk - 1) // block  # same key block as when selected
-            assert every == 0 or lazy.steps_since < every
+            assert lazy.steps_since < (every or block)
             assert not span or lazy.steps_since < max(1, lk // span)
             for f in ("q_sum", "k_sum", "q_count", "k_count"):  # sums always current
                 assert torch.equal(getattr(lazy.sketched, f), getattr(fresh.sketched, f))
@@ -80,7 +85,7 @@ def test_fresh_selection_after_reuse_equals_every_step(every, span, t, block, he
 
 
 def test_every_one_never_reuses():
-    cfg = SketchWalkConfig(block_size=16, decode_reselect_span=0)
+    cfg = SketchWalkConfig(block_size=16, decode_reselect_span=0, decode_stagger=False)
     q, k = torch.randn(1, 2, 64, 16), torch.randn(1, 1, 64, 16)
     srht = make_srht(16, cfg.sketch_dim, 0, 0)
     st = start_decode(prefill_plan(q, k, cfg, srht), q, srht, cfg)
@@ -96,6 +101,48 @@ def test_every_one_never_reuses():
     assert not reusable(st, 81, cfg.with_(decode_reselect_span=4), 0)
 
 
+def _schedule(phases: list[float], first: int, steps: int, cfg) -> list[list[int]]:
+    """Per decode token, the layers (by index into phases) that re-select, all having selected
+    at token `first`."""
+    from sketchwalk.engine.pipeline import DecodeLayerState
+
+    states = [DecodeLayerState(None, None, None, selection=object(), phase=p) for p in phases]
+    for st in states:
+        st.selected_block = (first - 1) // cfg.block_size
+    out = []
+    for lk in range(first + 1, first + 1 + steps):
+        now = []
+        for i, st in enumerate(states):
+            if reusable(st, lk, cfg, cfg.decode_reselect):
+                st.steps_since += 1
+            else:
+                now.append(i)
+                st.steps_since = 0
+            st.selected_block = (lk - 1) // cfg.block_size
+        out.append(now)
+    return out
+
+
+@pytest.mark.parametrize("t, span", [(7376, 512), (9000, 512), (2048, 512)])
+def test_staggered_layers_take_turns(t, span):
+    """28 layers: without the stagger every layer re-selects at the same tokens; with it they
+    take turns (a few per token), each as often as before and never later than its cadence."""
+    from sketchwalk.engine.pipeline import stagger_phase
+
+    cfg = SketchWalkConfig(decode_reselect_span=span)
+    cadence = min(max(1, t // span), cfg.block_size)  # 14, 16 (the key-block rule), 4
+    phases = [stagger_phase(layer) for layer in range(2, 30)]
+    together = _schedule(phases, t, 112, cfg.with_(decode_stagger=False))
+    turns = _schedule(phases, t, 112, cfg)
+    assert max(len(now) for now in together) == 28
+    assert max(len(now) for now in turns) <= -(-28 // cadence) + 2
+    total = sum(len(now) for now in turns)
+    assert abs(total - sum(len(now) for now in together)) <= 28  # the same cost per token
+    for layer in range(28):  # never a longer wait than the cadence
+        at = [i for i, now in enumerate(turns) if layer in now]
+        assert at[0] < cadence and max(b - a for a, b in zip(at, at[1:], strict=False)) <= cadence
+
+
 def _generate(model, ids, cfg, reselect, recorder=None, new=12):
     model.set_attn_implementation("sketch_walk")
     with sketch_walk_session(cfg.with_(decode_reselect=reselect), recorder) as s:
@@ -103,8 +150,9 @@ def _generate(model, ids, cfg, reselect, recorder=None, new=12):
     return out, s
 
 
+@pytest.mark.parametrize("stagger", [False, True])  # True: the block rule crosses blocks too
 @pytest.mark.parametrize("reselect", [0, 4, 40])  # 40: kept across a key block (token 97)
-def test_density_one_decode_with_reuse_equals_per_step(reselect, monkeypatch):
+def test_density_one_decode_with_reuse_equals_per_step(reselect, stagger, monkeypatch):
     from sketchwalk.kernels import decode_cache
 
     advanced = []
@@ -114,14 +162,21 @@ def test_density_one_decode_with_reuse_equals_per_step(reselect, monkeypatch):
     )
     model = tiny_llama(heads=4, kv_heads=2)
     ids = torch.randint(1, 128, (1, 90))
-    cfg = SketchWalkConfig(density=1.0, block_size=16, dense_layers=(0,), decode_reselect_span=0)
+    cfg = SketchWalkConfig(
+        density=1.0,
+        block_size=16,
+        dense_layers=(0,),
+        decode_reselect_span=0,
+        decode_stagger=stagger,
+    )
     a, _ = _generate(model, ids, cfg, 1)
     b, s = _generate(model, ids, cfg, reselect)
     assert a.new_ids == b.new_ids
     torch.testing.assert_close(a.new_logits, b.new_logits, atol=1e-5, rtol=1e-5)
     assert s.decode_reused > 0  # some steps did reuse ...
     assert s.decode_states[1].gathered is not None  # ... through the gathered K/V path
-    assert bool(advanced) == (reselect != 0)  # kept across a block: the gathered K/V moved along
+    # kept across a block: the gathered K/V moved along
+    assert bool(advanced) == (reselect != 0 or stagger)
 
 
 @pytest.mark.parametrize("reselect", [1, 0])

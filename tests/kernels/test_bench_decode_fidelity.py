@@ -12,9 +12,12 @@ def test_rules_set_the_reselect_knobs():
     assert with_rule(cfg, "4").decode_reselect_span == cfg.decode_reselect_span
     ruled = with_rule(cfg, "0:0")
     assert (ruled.decode_reselect, ruled.decode_reselect_span) == (0, 0)
+    assert ruled.decode_stagger == cfg.decode_stagger
+    flat = with_rule(cfg, "0:512:0")
+    assert (flat.decode_reselect, flat.decode_reselect_span, flat.decode_stagger) == (0, 512, False)
 
 
-@pytest.mark.parametrize("bad", ["x", "4:", "4:y", "-1", "1:-5"])
+@pytest.mark.parametrize("bad", ["x", "4:", "4:y", "-1", "1:-5", "0:512:2", "0:512:", "0:1:1:1"])
 def test_bad_rules_are_one_line_errors_before_the_model_loads(bad, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--rules", bad])
