@@ -78,6 +78,9 @@ def run_model_bench(
         s_dec = _med([statistics.fmean(p.decode_ms) for p in sparse if p.decode_ms])
         s_dec_med = _med([_med(p.decode_ms) for p in sparse])
         d_dec_med = _med([_med(p.decode_ms) for p in dense])
+        # the slowest step after the first (which selects in every layer): the stutter a
+        # generation shows where many layers re-select at the same token
+        s_worst = _med([max(p.decode_ms[1:]) for p in sparse if len(p.decode_ms) > 1])
         stage_names = sorted({k for p in sparse for k in p.stages})
         stages = {k: _med([p.stages.get(k, 0.0) for p in sparse]) for k in stage_names}
         d_attn = {k: _med([p.stages[k] for p in dense]) for k in dense[0].stages}
@@ -99,6 +102,7 @@ def run_model_bench(
                 decode_speedup=round(d_dec / s_dec, 3) if new_tokens else None,
                 dense_decode_median_ms=round(d_dec_med, 2),
                 sparse_decode_median_ms=round(s_dec_med, 2),
+                sparse_decode_worst_ms=round(s_worst, 2),
                 same_first_token=all(p.first_token == dense[0].first_token for p in sparse),
                 dense_stages_ms={k: round(v, 1) for k, v in d_attn.items()},
                 sparse_stages_ms={k: round(v, 1) for k, v in stages.items()},
@@ -110,7 +114,8 @@ def run_model_bench(
 def format_table(rows: list[dict]) -> str:
     head = (
         f"{'tokens':>7} {'block':>5} {'dens':>5} {'dense pre ms':>12} {'sparse pre ms':>13} "
-        f"{'x':>6} {'dense dec ms':>12} {'sparse dec ms':>13} {'x':>6} {'median x':>8}  "
+        f"{'x':>6} {'dense dec ms':>12} {'sparse dec ms':>13} {'x':>6} {'median x':>8} "
+        f"{'worst ms':>8}  "
         "attention alone dense/sparse, prefill ms | decode ms"
     )
     lines = [head, "-" * len(head)]
@@ -129,6 +134,7 @@ def format_table(rows: list[dict]) -> str:
             f"{r['seq_len']:>7} {r['block_size']:>5} {r['density']:>5} "
             f"{r['dense_prefill_ms']:>12.0f} {r['sparse_prefill_ms']:>13.0f} "
             f"{r['prefill_speedup']:>6.2f} {r['dense_decode_ms']:>12.1f} "
-            f"{r['sparse_decode_ms']:>13.1f} {dec:>6} {med:>8}  {st}"
+            f"{r['sparse_decode_ms']:>13.1f} {dec:>6} {med:>8} "
+            f"{r['sparse_decode_worst_ms']:>8.0f}  {st}"
         )
     return "\n".join(lines)

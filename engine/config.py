@@ -378,6 +378,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dense_layers": (0, 1),
         "decode_reselect": 1,
         "decode_reselect_span": 0,
+        "decode_stagger": False,
     },
 }
 

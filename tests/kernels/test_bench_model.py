@@ -94,4 +94,5 @@ def test_decode_is_the_mean_step_with_the_median_beside_it(monkeypatch):
     assert row["sparse_decode_ms"] == 10.0 and row["dense_decode_ms"] == 10.0
     assert row["decode_speedup"] == 1.0
     assert row["sparse_decode_median_ms"] == 4.0 and row["dense_decode_median_ms"] == 10.0
+    assert row["sparse_decode_worst_ms"] == 28.0  # the slowest step after the first
     assert "1.00" in bench.format_table([row]) and "2.50" in bench.format_table([row])
