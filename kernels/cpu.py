@@ -15,8 +15,8 @@ Why it is shaped like this (measured on the project's 2-core AVX-512 CPU, see do
   model's windows are ragged, and one call per distinct length was most of its calls.
 - Short query tiles fold the query heads of a KV head into one longer query (see _attend).
 - The partial results are merged with their log-sum-exp in fp32.
-- A prefill's query tiles are cut into equal-work parts, one per intra-op thread, run on a thread
-  pool: the many short calls alone left the second core idle (see _in_parts).
+- A prefill's query tiles are cut into equal-work parts, one per core, each run on one thread of a
+  pool (kernels/parts.py): the many short calls alone left the second core idle (see _in_parts).
 - Decode gathers the kept rows of all heads at once (one SDPA) when they fit in cache, else in
   chunks merged by log-sum-exp; short caches take one masked SDPA over all keys.
 Index-list layout follows MInference's block-sparse kernel (sorted key-block ids plus a count per query
@@ -418,14 +418,14 @@ def block_sparse_attention_cpu(
     return _prefill(q, k, v, block_index, block_count, b, qt, causal, scale, seq_start)
 
 
-def _split_points(block_count: torch.Tensor, workers: int) -> list[int]:
-    """Tile boundaries [0, ..., nq] cutting the query tiles into `workers` parts of about equal
+def _split_points(block_count: torch.Tensor, n_parts: int) -> list[int]:
+    """Tile boundaries [0, ..., nq] cutting the query tiles into `n_parts` parts of about equal
     work (listed blocks summed over batch and groups), or [0, nq] when a split would not pay."""
     nq = block_count.shape[2]
-    if workers < 2 or nq < _MIN_TILES_PER_PART * workers:
+    if n_parts < 2 or nq < _MIN_TILES_PER_PART * n_parts:
         return [0, nq]
     cum = block_count.long().cpu().sum((0, 1)).double().cumsum(0) + torch.arange(1, nq + 1)
-    cuts = torch.searchsorted(cum, cum[-1] * torch.arange(1, workers) / workers).tolist()
+    cuts = torch.searchsorted(cum, cum[-1] * torch.arange(1, n_parts) / n_parts).tolist()
     return sorted({0, nq, *(min(max(c + 1, 1), nq - 1) for c in cuts)})
 
 
