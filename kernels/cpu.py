@@ -41,6 +41,7 @@ _DECODE_CHUNK_TOKENS = 2048  # K/V rows gathered per decode call: the copy stays
 _DECODE_MASKED_MAX_TOKENS = 4096  # shorter caches: one masked SDPA call beats gathering
 _DECODE_ONE_GATHER = 8192  # kept tokens per head up to which decode gathers them all at once
 _MIN_TILES_PER_PART = 4  # query tiles per thread below which one call does it all
+_WHOLE_ROWS_MAX_KEYS = 4096  # up to here a row's blocks are one gathered call (see _prefill)
 
 
 @dataclass
@@ -523,26 +524,42 @@ def _prefill(
         off = x.storage_offset() + tok * d
         return x.as_strided((n, hk, length, d), (row_stride * d, head_rows_kv * d, d, 1), off)
 
-    # Scattered middle blocks: gathered (memcpy rows), one call per block count. First, so that
-    # their scattered rows are written once (index_copy_) rather than read, merged and written
-    # back; the later pieces are consecutive rows that merge in place through strided views.
     k_rows, v_rows = _block_view(k_tok, b), _block_view(v_tok, b)
-    counts = runs.middle_count
-    order = torch.argsort(counts, stable=True)
-    sizes = torch.bincount(counts, minlength=1).tolist()
-    for c, rows in zip(range(len(sizes)), torch.split(order, sizes), strict=True):
-        if c == 0 or rows.numel() == 0:
-            continue
-        n = rows.numel()
-        pos = kv_head[rows].unsqueeze(-1) + runs.middle[rows, :c].unsqueeze(1) * b  # [n,hk,c]
-        kg = k_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
-        vg = v_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
-        attend_rows(rows, kg, vg)
+
+    def gathered(ids: torch.Tensor, counts: torch.Tensor, diagonal: bool = False) -> None:
+        """Rows attend to their blocks ids[row, :count] gathered (memcpy rows), one call per
+        count; diagonal: the last block is the row's aligned diagonal, under one shared mask."""
+        order = torch.argsort(counts, stable=True)
+        sizes = torch.bincount(counts, minlength=1).tolist()
+        for c, rows in zip(range(len(sizes)), torch.split(order, sizes), strict=True):
+            if c == 0 or rows.numel() == 0:
+                continue
+            n = rows.numel()
+            pos = kv_head[rows].unsqueeze(-1) + ids[rows, :c].unsqueeze(1) * b  # [n, hk, c]
+            kg = k_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
+            vg = v_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
+            attend_rows(rows, kg, vg, mask=_triangle(tq, c * b, dt) if diagonal else None)
+
+    # Short contexts, one list per key block: a row's listed blocks and its diagonal in one
+    # gathered call, no merges. Faster up to ~4k keys; beyond, the gathers grow faster than the
+    # merges they save (docs/speed.md). Rows whose diagonal is not a whole aligned block (a
+    # partial last tile, padding) take the pieces below.
+    whole = torch.zeros(r_all, dtype=torch.bool)
+    if causal and qt == b and lk <= _WHOLE_ROWS_MAX_KEYS:
+        whole = plan.plain & (off + (r_i + 1) * tq <= lk)
+        diag = plan.edge[:, :1]
+        ids = torch.cat([plan.interior, diag], 1).scatter_(1, plan.interior_count[:, None], diag)
+        gathered(ids, (plan.interior_count + 1) * whole, diagonal=True)
+
+    # Scattered middle blocks: gathered, one call per block count. First, so that their
+    # scattered rows are written once (index_copy_) rather than read, merged and written back;
+    # the later pieces are consecutive rows that merge in place through strided views.
+    gathered(runs.middle, runs.middle_count.masked_fill(whole, 0))
 
     # Windows: consecutive rows with the same run length and the same offset to their row slide
     # along the keys one tile per row: one strided view (row stride = one tile). When the run
     # ends at an aligned diagonal, the diagonal joins the view under one broadcast triangle mask.
-    has = runs.suffix > 0
+    has = (runs.suffix > 0) & ~whole
     start_blk = runs.suffix_end - runs.suffix
     fused = has & plan.plain & (runs.suffix_end * b == off + r_i * qt)
     fused &= (runs.suffix_end + r_tile) * b <= lk  # the view may not run past the keys
@@ -563,7 +580,7 @@ def _prefill(
                 attend_rows(rows, kg, view(v_tok, n, qt, tok, blocks * b), mask=mask)
 
     # Edge: blocks that need a mask and were not fused above, all rows in one call.
-    rows = torch.nonzero((plan.edge_count > 0) & ~fused).squeeze(1)
+    rows = torch.nonzero((plan.edge_count > 0) & ~fused & ~whole).squeeze(1)
     if rows.numel():
         n, e = rows.numel(), plan.edge.shape[1]
         ids = plan.edge[rows]  # [n, e]
@@ -593,8 +610,9 @@ def _prefill(
     # Sinks: consecutive rows of one (batch, group) with the same leading run 0..P-1 see the very
     # same keys, so their queries fold into one long query (bigger, faster tiles in the kernel).
     key = (r_b * g + r_g) * (runs.prefix.max() + 1) + runs.prefix
+    key = key.masked_fill(whole, -1)
     q_seq = q.view(bsz * g, hq, nq * tq, d)
-    for kv in torch.unique(key[runs.prefix > 0]).tolist():
+    for kv in torch.unique(key[(runs.prefix > 0) & ~whole]).tolist():
         for rows in _consecutive(torch.nonzero(key == kv).squeeze(1)):
             n, length, tok = rows.numel(), int(runs.prefix[rows[0]]) * b, int(kv_tok[rows[0]])
             bg, i0 = divmod(int(rows[0]), nq)

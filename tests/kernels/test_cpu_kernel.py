@@ -365,3 +365,26 @@ def test_full_blocks_of_a_cache_with_room_is_a_view():
     blocks = full_blocks(kr, 4, 16)
     assert blocks.data_ptr() == kr.data_ptr()  # no copy of the cache
     assert torch.equal(blocks, k[0, :, :64].reshape(3, 4, 16 * 8))
+
+
+@pytest.mark.parametrize(
+    "bsz, h, hkv, lq, lk, b, g, pad",
+    [(1, 9, 3, 512, 512, 32, 3, 0), (2, 8, 2, 300, 300, 16, 2, 5), (1, 4, 4, 200, 264, 16, 1, 0),
+     (1, 6, 2, 250, 250, 16, 6, 0)],
+)  # fmt: skip
+def test_whole_rows_and_pieces_agree(monkeypatch, bsz, h, hkv, lq, lk, b, g, pad):
+    """One list per key block at short lengths: each row's blocks and diagonal in one call
+    (whole rows) or split into sinks, windows, middle and edges (pieces): the reference either
+    way (a partial last tile, left padding, queries after a cache, groups across KV heads)."""
+    from sketchwalk.kernels import cpu
+
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((bsz, h, lq, lk, b, g)).encode()))
+    q, k, v = random_qkv(bsz, h, hkv, lq, lk, 16, torch.float32, gen)
+    idx, cnt = uneven_block_index(bsz, g, lq, lk, b, gen, 1)
+    starts = torch.tensor([pad] * bsz) if pad else None
+    args = (q, k, v, idx, cnt, b, True, None, starts)
+    ref = block_sparse_attention_reference(*args)
+    whole = block_sparse_attention_cpu(*args)
+    monkeypatch.setattr(cpu, "_WHOLE_ROWS_MAX_KEYS", 0)
+    pieces = block_sparse_attention_cpu(*args)
+    assert rel_err(whole, ref) < 1e-5 and rel_err(pieces, ref) < 1e-5
