@@ -540,16 +540,17 @@ def _prefill(
             vg = v_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
             attend_rows(rows, kg, vg, mask=_triangle(tq, c * b, dt) if diagonal else None)
 
-    # Short contexts, one list per key block: a row's listed blocks and its diagonal in one
-    # gathered call, no merges. Faster up to ~4k keys; beyond, the gathers grow faster than the
-    # merges they save (docs/speed.md). Rows whose diagonal is not a whole aligned block (a
+    # Short contexts: a row's listed blocks and its tile's diagonal blocks in one gathered call,
+    # no merges. Faster up to ~4k keys; beyond, the gathers grow faster than the merges they
+    # save (docs/speed.md). Rows whose diagonal blocks are not all listed, whole and aligned (a
     # partial last tile, padding) take the pieces below.
     whole = torch.zeros(r_all, dtype=torch.bool)
-    if causal and qt == b and lk <= _WHOLE_ROWS_MAX_KEYS:
-        whole = plan.plain & (off + (r_i + 1) * tq <= lk)
-        diag = plan.edge[:, :1]
-        ids = torch.cat([plan.interior, diag], 1).scatter_(1, plan.interior_count[:, None], diag)
-        gathered(ids, (plan.interior_count + 1) * whole, diagonal=True)
+    if causal and lk <= _WHOLE_ROWS_MAX_KEYS and plan.edge.shape[1] >= r_tile:
+        whole = plan.plain & (off + (r_i + 1) * tq <= lk)  # the tile's r_tile diagonal blocks
+        diag = plan.edge[:, :r_tile]
+        at = plan.interior_count[:, None] + torch.arange(r_tile)
+        ids = torch.cat([plan.interior, diag], 1).scatter_(1, at, diag)
+        gathered(ids, (plan.interior_count + r_tile) * whole, diagonal=True)
 
     # Scattered middle blocks: gathered, one call per block count. First, so that their
     # scattered rows are written once (index_copy_) rather than read, merged and written back;

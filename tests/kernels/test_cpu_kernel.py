@@ -368,23 +368,24 @@ def test_full_blocks_of_a_cache_with_room_is_a_view():
 
 
 @pytest.mark.parametrize(
-    "bsz, h, hkv, lq, lk, b, g, pad",
-    [(1, 9, 3, 512, 512, 32, 3, 0), (2, 8, 2, 300, 300, 16, 2, 5), (1, 4, 4, 200, 264, 16, 1, 0),
-     (1, 6, 2, 250, 250, 16, 6, 0)],
+    "bsz, h, hkv, lq, lk, b, g, pad, r",
+    [(1, 9, 3, 512, 512, 32, 3, 0, 1), (2, 8, 2, 300, 300, 16, 2, 5, 1),
+     (1, 4, 4, 200, 264, 16, 1, 0, 1), (1, 6, 2, 250, 250, 16, 6, 0, 1),
+     (1, 9, 3, 700, 700, 16, 3, 0, 4), (2, 4, 2, 300, 364, 16, 2, 7, 2)],
 )  # fmt: skip
-def test_whole_rows_and_pieces_agree(monkeypatch, bsz, h, hkv, lq, lk, b, g, pad):
-    """One list per key block at short lengths: each row's blocks and diagonal in one call
-    (whole rows) or split into sinks, windows, middle and edges (pieces): the reference either
-    way (a partial last tile, left padding, queries after a cache, groups across KV heads)."""
+def test_whole_rows_and_pieces_agree(monkeypatch, bsz, h, hkv, lq, lk, b, g, pad, r):
+    """Short contexts: each row's blocks and diagonal blocks in one call (whole rows) or split
+    into sinks, windows, middle and edges (pieces): the reference either way (a partial last
+    tile, left padding, queries after a cache, groups across KV heads, tiles of r blocks)."""
     from sketchwalk.kernels import cpu
 
-    gen = torch.Generator().manual_seed(zlib.crc32(repr((bsz, h, lq, lk, b, g)).encode()))
+    gen = torch.Generator().manual_seed(zlib.crc32(repr((bsz, h, lq, lk, b, g, r)).encode()))
     q, k, v = random_qkv(bsz, h, hkv, lq, lk, 16, torch.float32, gen)
-    idx, cnt = uneven_block_index(bsz, g, lq, lk, b, gen, 1)
+    idx, cnt = uneven_block_index(bsz, g, lq, lk, b, gen, r)
     starts = torch.tensor([pad] * bsz) if pad else None
     args = (q, k, v, idx, cnt, b, True, None, starts)
-    ref = block_sparse_attention_reference(*args)
-    whole = block_sparse_attention_cpu(*args)
+    ref = block_sparse_attention_reference(*args, query_block=r * b)
+    whole = block_sparse_attention_cpu(*args, query_block=r * b)
     monkeypatch.setattr(cpu, "_WHOLE_ROWS_MAX_KEYS", 0)
-    pieces = block_sparse_attention_cpu(*args)
+    pieces = block_sparse_attention_cpu(*args, query_block=r * b)
     assert rel_err(whole, ref) < 1e-5 and rel_err(pieces, ref) < 1e-5
