@@ -546,7 +546,7 @@ def _prefill(
     # partial last tile, padding) take the pieces below.
     whole = torch.zeros(r_all, dtype=torch.bool)
     if causal and lk <= _WHOLE_ROWS_MAX_KEYS and plan.edge.shape[1] >= r_tile:
-        whole = plan.plain & (off + (r_i + 1) * tq <= lk)  # the tile's r_tile diagonal blocks
+        whole = plan.plain & (off + (r_i + 1) * qt <= lk)  # a whole tile: r_tile whole blocks
         diag = plan.edge[:, :r_tile]
         at = plan.interior_count[:, None] + torch.arange(r_tile)
         ids = torch.cat([plan.interior, diag], 1).scatter_(1, at, diag)

@@ -371,7 +371,9 @@ def test_full_blocks_of_a_cache_with_room_is_a_view():
     "bsz, h, hkv, lq, lk, b, g, pad, r",
     [(1, 9, 3, 512, 512, 32, 3, 0, 1), (2, 8, 2, 300, 300, 16, 2, 5, 1),
      (1, 4, 4, 200, 264, 16, 1, 0, 1), (1, 6, 2, 250, 250, 16, 6, 0, 1),
-     (1, 9, 3, 700, 700, 16, 3, 0, 4), (2, 4, 2, 300, 364, 16, 2, 7, 2)],
+     (1, 9, 3, 700, 700, 16, 3, 0, 4), (2, 4, 2, 300, 364, 16, 2, 7, 2),
+     (1, 4, 2, 19, 51, 16, 2, 0, 4), (1, 4, 2, 35, 99, 16, 2, 0, 2), (1, 4, 2, 48, 80, 16, 2, 0, 1),
+     (1, 4, 2, 50, 50, 16, 2, 0, 4)],
 )  # fmt: skip
 def test_whole_rows_and_pieces_agree(monkeypatch, bsz, h, hkv, lq, lk, b, g, pad, r):
     """Short contexts: each row's blocks and diagonal blocks in one call (whole rows) or split
@@ -389,3 +391,17 @@ def test_whole_rows_and_pieces_agree(monkeypatch, bsz, h, hkv, lq, lk, b, g, pad
     monkeypatch.setattr(cpu, "_WHOLE_ROWS_MAX_KEYS", 0)
     pieces = block_sparse_attention_cpu(*args, query_block=r * b)
     assert rel_err(whole, ref) < 1e-5 and rel_err(pieces, ref) < 1e-5
+
+
+@pytest.mark.parametrize("lq, lk", [(50, 50), (35, 99)])
+def test_a_partial_tile_with_every_diagonal_block_listed_matches_reference(lq, lk):
+    """One query tile (64 rows) shorter than a tile, listing every block it sees: its last
+    diagonal block is partial, so it may not be gathered as a whole block."""
+    gen = torch.Generator().manual_seed(lq + lk)
+    q, k, v = random_qkv(1, 4, 2, lq, lk, 16, torch.float32, gen)
+    nk = -(-lk // 16)
+    idx = torch.arange(nk, dtype=torch.int32).expand(1, 2, 1, nk).contiguous()
+    cnt = torch.full((1, 2, 1), nk, dtype=torch.int32)
+    out = block_sparse_attention_cpu(q, k, v, idx, cnt, 16, query_block=64)
+    ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16, query_block=64)
+    assert rel_err(out, ref) < 1e-5
