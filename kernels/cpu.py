@@ -205,27 +205,28 @@ def full_blocks(x: torch.Tensor, n: int, b: int) -> torch.Tensor:
     return x[:, : n * b].reshape(hkv, n, b * d)
 
 
-def _kv_rows(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """K, V [B, Hkv, L, d] as [R, d] views of their token rows, and the rows from one sequence
-    and from one head to the next. Row-contiguous K and V with the same strides (a prefill's keys
-    in a cache with room, or a part's prefix of the keys) are read in place; others are copied."""
+def _token_rows(
+    k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int, int] | None:
+    """K, V [B, Hkv, L, d] as [R, d] views of their token rows (one index_select then reads any
+    head's rows), and the rows from one sequence and from one head to the next; None unless
+    each head's rows are contiguous and K and V are laid out alike (a contiguous tensor, the
+    filled part of a cache with room, a prefix of either)."""
+
+    def layout(x: torch.Tensor) -> tuple[int, int] | None:
+        d = x.shape[-1]
+        seq, head = (x.stride(i) if x.shape[i] > 1 else 0 for i in (0, 1))
+        if not _rows_contiguous(x) or seq % d or head % d:
+            return None
+        return seq // d, head // d
+
+    steps = layout(k)
+    if steps is None or layout(v) != steps:
+        return None
     bsz, hkv, length, d = k.shape
-    if not (_rows_contiguous(k) and k.stride() == v.stride()) or k.stride(0) % d or k.stride(1) % d:
-        k, v = k.contiguous(), v.contiguous()
-    seq = k.stride(0) // d if bsz > 1 else 0
-    head = k.stride(1) // d if hkv > 1 else 0
+    seq, head = steps
     n = (bsz - 1) * seq + (hkv - 1) * head + length
     return k.as_strided((n, d), (d, 1)), v.as_strided((n, d), (d, 1)), seq, head
-
-
-def _token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int] | None:
-    """[Hkv, L, d] -> ([R, d] view of its token rows, rows from one head to the next), so that one
-    index_select reads any head's rows; None when rows are not contiguous per head."""
-    hkv, length, d = x.shape
-    if not _rows_contiguous(x) or x.stride(0) % d:
-        return None
-    step = x.stride(0) // d if hkv > 1 else length
-    return x.as_strided(((hkv - 1) * step + length, d), (d, 1)), step
 
 
 @dataclass
@@ -502,7 +503,12 @@ def _prefill(
         qp[:, :, :lq] = q
         qp[:, :, lq:] = 0
         q = qp
-    k_tok, v_tok, seq_rows, head_rows_kv = _kv_rows(k.to(dt), v.to(dt))
+    k, v = k.to(dt), v.to(dt)
+    rows_kv = _token_rows(k, v) or _token_rows(
+        k.clone(memory_format=torch.contiguous_format),
+        v.clone(memory_format=torch.contiguous_format),
+    )
+    k_tok, v_tok, seq_rows, head_rows_kv = rows_kv
     q_rows = q.view(bsz * h * nq, tq, d)
 
     r_all = bsz * g * nq
@@ -724,10 +730,10 @@ def _decode_one_gather(
     g = block_index.shape[1]
     if bsz != 1 or seq_start is not None or g not in (1, hkv) or h % hkv:
         return None
-    k_rows, v_rows = _token_rows(k[0]), _token_rows(v[0])
-    if k_rows is None or v_rows is None or k_rows[1] != v_rows[1]:
+    rows_kv = _token_rows(k, v)
+    if rows_kv is None:
         return None
-    step = k_rows[1]
+    k_rows, v_rows, _, step = rows_kv
     nk = -(-lk // b)
     tok = torch.arange(b)
     rows = []
@@ -747,11 +753,11 @@ def _decode_one_gather(
         )
         mask = mask.view(1, g, 1, m)
         rows = [F.pad(r, (0, m - r.numel())) for r in rows]
-    heads = torch.arange(0, hkv * step, step).unsqueeze(1)  # each KV head's first row
+    heads = (torch.arange(hkv) * step).unsqueeze(1)  # each KV head's first row
     idx = torch.stack(rows) + heads  # [Hkv, m]: one list (g = 1) broadcasts over the heads
     idx = idx.view(-1).to(k.device)
-    kg = k_rows[0].index_select(0, idx).view(1, hkv, m, d)
-    vg = v_rows[0].index_select(0, idx).view(1, hkv, m, d)
+    kg = k_rows.index_select(0, idx).view(1, hkv, m, d)
+    vg = v_rows.index_select(0, idx).view(1, hkv, m, d)
     if mask is not None:
         mask = mask.to(q.device)
     qg = q.reshape(1, hkv, h // hkv, d)
