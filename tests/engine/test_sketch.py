@@ -195,15 +195,16 @@ def test_sampled_estimate_is_the_mean_over_the_sampled_queries():
 @pytest.mark.parametrize(
     "t, b, samples, pad, chunk, parts",
     [(70, 16, 4, 0, 1 << 21, 1), (64, 16, 1, 5, 1 << 21, 2), (33, 8, 8, 3, 1 << 21, 1),
-     (70, 16, 4, 3, 600, 2), (45, 8, 2, 0, 1, 3), (90, 8, 8, 7, 1, 2)],
+     (70, 16, 4, 3, 600, 2), (45, 8, 2, 0, 1, 3), (90, 8, 8, 7, 1, 2),
+     (256, 8, 2, 5, 1 << 21, 1), (160, 8, 8, 2, 1 << 21, 2)],
 )  # fmt: skip
 def test_sampled_estimator_equals_brute_force_block_mass(
     monkeypatch, t, b, samples, pad, chunk, parts
 ):
     """Per scored query: the exact softmax over the real keys up to it, summed per key block;
     a row is the mean over its scored real queries. chunk: score matrix elements per pass (small:
-    many chunks, of different widths); parts: threads the queries are cut over (kernels/parts.py,
-    only where each part gets two chunks)."""
+    many chunks, of different widths; long texts: chunks capped by their span); parts: threads
+    the queries are cut over (kernels/parts.py, only where each part gets two chunks)."""
     import sketchwalk.engine.sketch as sketch
     from sketchwalk.engine.sketch import sample_positions, sampled_block_mass
 
@@ -236,7 +237,8 @@ def test_sampled_estimator_equals_brute_force_block_mass(
                     want[bi, hi // 2, hi % 2, p // b, j // b] += pr
     want = want / count.clamp(min=1)[:, None, None, :, None]
     assert torch.allclose(got, want, atol=1e-5)
-    assert bool(split) == (parts > 1 and chunk < 1000)  # small chunks: enough for parts
+    step = sketch._chunk_queries(pos, t, h * t * 2, chunk)
+    assert bool(split) == (parts > 1 and pos.numel() >= parts * 2 * step)  # 2 chunks a part
     rows = got.sum(-1)  # every scored row is a distribution
     scored = (count > 0)[:, None, None, :].expand_as(rows)
     assert torch.allclose(rows[scored], torch.ones(1), atol=1e-5)
@@ -298,3 +300,18 @@ def test_work_cuts_end_at_query_blocks_with_about_equal_work(length, b, samples,
     work = [float((pos[a:e] + 1).sum()) for a, e in zip(cuts, cuts[1:], strict=False)]
     assert max(work) - min(work) <= 2 * min(samples, b) * length  # a block's queries at most
     assert _cuts_by_work(pos, b, parts, pos.numel()) == [0, pos.numel()]  # parts too short
+
+
+@pytest.mark.parametrize("lk, samples", [(2048, 4), (7376, 4), (512, 16), (40000, 1)])
+def test_estimator_chunks_stay_short_against_the_context(lk, samples):
+    """A chunk's queries score the keys up to its last query, so its span is masked waste: at
+    most lk / 16 positions (or 16 queries), and never more score elements than the budget."""
+    from sketchwalk.engine.sketch import _CHUNK_SPAN, _chunk_queries, sample_positions
+
+    pos = sample_positions(lk, 16, samples)
+    row = 9 * lk
+    step = _chunk_queries(pos, lk, row, 1 << 21)
+    assert step * row <= 1 << 21 or step == 1
+    spans = [int(pos[min(s + step, pos.numel()) - 1] - pos[s]) for s in range(0, pos.numel(), step)]
+    assert step == 16 or max(spans) <= lk / _CHUNK_SPAN
+    assert step >= 16 or step * row * 2 > 1 << 21  # only the element budget makes it shorter
