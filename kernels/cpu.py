@@ -62,8 +62,11 @@ def _attend(
     scale: float,
     causal: bool = False,
     mask: torch.Tensor | None = None,
+    tail: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(output, natural-log LSE [N, H, L]) of softmax attention; K/V may have fewer heads (GQA).
+    tail: the queries are the last L keys' positions (causal aligned to the end: a row's diagonal
+    blocks after its other blocks), as one cached mask.
 
     Short query tiles run the CPU flash kernel with small query splits (32 rows below 192 queries),
     and an explicit mask costs ~45% more there, so without a causal flag the query heads that share
@@ -74,9 +77,14 @@ def _attend(
     rep = h // k.shape[1]
     if rep > 1 and not causal and lq * rep <= _FOLD_MAX_ROWS:
         qf = q.reshape(n, k.shape[1], rep * lq, d)
-        mf = None if mask is None else mask.repeat(1, 1, rep, 1)
+        if tail:  # the folded mask is cached too (repeating it was ~2% of a 4k-token layer)
+            mf = _triangle(lq, k.shape[2], q.dtype, rep)
+        else:
+            mf = None if mask is None else mask.repeat(1, 1, rep, 1)
         o, lse = _attend(qf, k, v, scale, mask=mf)
         return o.reshape(n, h, lq, d), lse.reshape(n, h, lq)
+    if tail:
+        mask = _triangle(lq, k.shape[2], q.dtype)
     try:
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, attn_mask=mask, scale=scale
@@ -168,14 +176,15 @@ def _plan(
 
 
 @functools.lru_cache(maxsize=64)
-def _triangle(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-    """[1, 1, rows, cols] additive mask: zero except the causal triangle over the last rows columns.
+def _triangle(rows: int, cols: int, dtype: torch.dtype, rep: int = 1) -> torch.Tensor:
+    """[1, 1, rep * rows, cols] additive mask: zero except the causal triangle over the last rows
+    columns, stacked rep times (query heads folded into one query, see _attend).
 
     Cached and never written to: a real layer asks for a few shapes in dozens of window calls,
     and building one (zeros, full, triu) cost ~0.35 ms a call on the shared 2-core machine."""
     m = torch.zeros(1, 1, rows, cols, dtype=dtype)
     m[..., cols - rows :] = torch.full((rows, rows), _NEG_INF, dtype=dtype).triu(1)
-    return m
+    return m.repeat(1, 1, rep, 1) if rep > 1 else m
 
 
 def _block_view(rows: torch.Tensor, b: int) -> torch.Tensor:
@@ -546,7 +555,7 @@ def _prefill(
             pos = kv_head[rows].unsqueeze(-1) + ids[rows, :c].unsqueeze(1) * b  # [n, hk, c]
             kg = k_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
             vg = v_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
-            attend_rows(rows, kg, vg, mask=_triangle(tq, c * b, dt) if diagonal else None)
+            attend_rows(rows, kg, vg, tail=diagonal)
 
     # Short contexts: a row's listed blocks and its tile's diagonal blocks in one gathered call,
     # no merges. Faster up to ~4k keys; beyond, the gathers grow faster than the merges they
@@ -581,12 +590,11 @@ def _prefill(
             for rows in _consecutive(rows_has[inv == u]):
                 n, blocks = rows.numel(), int(runs.suffix[rows[0]])
                 tok = int(kv_tok[rows[0]]) + int(start_blk[rows[0]]) * b
-                mask = None
-                if bool(fused[rows[0]]):
+                tail = bool(fused[rows[0]])
+                if tail:
                     blocks += r_tile
-                    mask = _triangle(tq, blocks * b, dt)
                 kg = view(k_tok, n, qt, tok, blocks * b)
-                attend_rows(rows, kg, view(v_tok, n, qt, tok, blocks * b), mask=mask)
+                attend_rows(rows, kg, view(v_tok, n, qt, tok, blocks * b), tail=tail)
 
     # Edge: blocks that need a mask and were not fused above, all rows in one call.
     rows = torch.nonzero((plan.edge_count > 0) & ~fused & ~whole).squeeze(1)
