@@ -87,12 +87,19 @@ class QueryTokens:
 
     @classmethod
     def sampled(
-        cls, qs: torch.Tensor, valid: torch.Tensor, offset: int, cfg: SketchWalkConfig
+        cls,
+        qs: torch.Tensor,
+        valid: torch.Tensor,
+        offset: int,
+        cfg: SketchWalkConfig,
+        sketch: SRHT | None = None,
     ) -> QueryTokens:
-        """Keep cfg.query_samples evenly spaced queries per block (all with 0)."""
+        """Keep cfg.query_samples evenly spaced queries per block (all with 0); sketch: qs are
+        raw queries, sketched once kept (a quarter of them with 4 samples per 16-token block)."""
         pos = sample_positions(qs.shape[2], cfg.block_size, cfg.query_samples, offset)
         idx = (pos - offset).to(qs.device)
-        return cls(qs.index_select(2, idx), valid.index_select(1, idx), pos)
+        kept = qs.index_select(2, idx)
+        return cls(kept if sketch is None else sketch(kept), valid.index_select(1, idx), pos)
 
 
 def sketch_blocks(
@@ -110,11 +117,15 @@ def sketch_blocks(
         q_sum, q_count = block_pool(q, block_size, valid)
         k_sum, k_count = block_pool(k, block_size, valid)
         return SketchedBlocks(srht(q_sum), q_count, srht(k_sum), k_count), None
-    qs, ks = srht(q), srht(k)
-    q_sum, q_count = block_pool(qs, block_size, valid)
+    # queries: the sums are pooled then sketched (the sketch is linear) and only the scored
+    # queries are sketched, not all of them (the [T x H, d] x [d, r] product was ~4 ms a layer
+    # at 2k tokens); keys: every one, for the sums of their squares (not linear)
+    ks = srht(k)
+    q_sum, q_count = block_pool(q, block_size, valid)
     k_sum, k_count = block_pool(ks, block_size, valid)
     k_sq, _ = block_pool(ks * ks, block_size, valid)
-    qt = QueryTokens.sampled(qs, valid, 0, tokens)
+    qt = QueryTokens.sampled(q, valid, 0, tokens, srht)
+    q_sum = srht(q_sum)
     if tokens.estimator == "sampled":
         qt.keys, qt.key_valid = ks, valid
     return SketchedBlocks(q_sum, q_count, k_sum, k_count, k_sq), qt

@@ -99,6 +99,36 @@ def test_causal_block_softmax_masks_before_normalising():
     assert torch.allclose(p[0, 0, 0, 1], torch.tensor([0.5, 0.5, 0, 0]))
 
 
+@pytest.mark.parametrize(
+    "t, b, pad, samples, r", [(96, 16, 0, 4, 16), (77, 8, 5, 2, 8), (50, 8, 3, 0, 32)]
+)
+def test_token_sketch_pools_then_sketches_queries_and_sketches_only_the_scored_ones(
+    t, b, pad, samples, r
+):
+    """sketch_blocks for the token estimators: the same block sums as sketching every token and
+    pooling (the sketch is linear; float rounding apart), the scored queries those picked from
+    every sketched query, the keys' sums and squared sums from the sketched keys."""
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.pipeline import QueryTokens, sketch_blocks
+    from sketchwalk.engine.sketch import block_pool
+
+    g = torch.Generator().manual_seed(t)
+    q, k = torch.randn(2, 4, t, 16, generator=g), torch.randn(2, 2, t, 16, generator=g)
+    valid = torch.ones(2, t, dtype=torch.bool)
+    valid[1, :pad] = False
+    srht = make_srht(16, r, 0, 3)
+    cfg = SketchWalkConfig(block_size=b, estimator="sampled", query_samples=samples)
+    sk, tokens = sketch_blocks(q, k, srht, b, valid, tokens=cfg)
+    qs, ks = srht(q), srht(k)
+    want_q, want_count = block_pool(qs, b, valid)
+    assert torch.allclose(sk.q_sum, want_q, atol=1e-5) and torch.equal(sk.q_count, want_count)
+    assert torch.equal(sk.k_sum, block_pool(ks, b, valid)[0])
+    assert torch.equal(sk.k_sq, block_pool(ks * ks, b, valid)[0])
+    want = QueryTokens.sampled(qs, valid, 0, cfg)
+    assert torch.allclose(tokens.qs, want.qs, atol=1e-6) and torch.equal(tokens.pos, want.pos)
+    assert torch.equal(tokens.valid, want.valid) and torch.equal(tokens.keys, ks)
+
+
 @pytest.mark.parametrize("t,b,offset_pad", [(96, 16, 0), (100, 32, 0), (77, 8, 5)])
 def test_token_estimator_is_exact_when_every_block_holds_one_repeated_key(t, b, offset_pad):
     """Keys repeated inside each block have zero variance, so each query's log-sum-exp over a
