@@ -322,3 +322,23 @@ def test_extend_selection_appends_the_new_block_to_every_list(groups, density):
             ),
             3,
         )
+
+
+@pytest.mark.parametrize(
+    "q_blocks, r",
+    [(range(0, 12), 4), (range(5, 19), 4), (range(3, 4), 4), (range(2, 5), 4), (range(7, 40), 8),
+     ([0, 1, 2, 9, 10, 11, 12], 4), ([1, 2, 3, 4, 8, 9], 4)],
+)  # fmt: skip
+def test_tile_sums_equal_the_one_hot_product(q_blocks, r):
+    """Tile sums over rows (gid: each row's tile, as select_blocks derives it from q_blocks) equal
+    the one-hot product, whether the rows start mid-tile, fill whole tiles, or leave gaps."""
+    from sketchwalk.engine.select import _tile_sums
+
+    q = torch.tensor(list(q_blocks))
+    gid = q // r - int(q[0]) // r
+    x = torch.randn(2, 3, q.numel(), 7)
+    member = torch.nn.functional.one_hot(gid, int(gid[-1]) + 1).T.float()
+    want = torch.einsum("gq,bhqk->bhgk", member, x)
+    assert torch.allclose(_tile_sums(x, gid), want, atol=1e-6)
+    mask = x[0] > 0  # bool input, as the selection's masks
+    assert torch.equal(_tile_sums(mask, gid), torch.einsum("gq,hqk->hgk", member, mask.float()))
