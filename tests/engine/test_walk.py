@@ -40,3 +40,19 @@ def test_walk_row_matches_recurrence():
     for _ in range(3):
         s = 0.75 * r + 0.25 * (s.unsqueeze(-2) @ a).squeeze(-2)
     assert torch.allclose(walk_row(r, a, 0.25, 3), s)
+
+
+def test_lower_matmul_equals_the_full_product():
+    """The walk's products of lower-triangular matrices from their nonzero quarters: the full
+    product, odd and even sizes, batched; the walk equals the walk by full products."""
+    from sketchwalk.engine.walk import lower_matmul
+
+    for n in (1, 2, 7, 8, 33):
+        x, a = random_transition(n, batch=3), random_transition(n, batch=3)
+        assert torch.allclose(lower_matmul(x, a, min_n=2), x @ a, atol=1e-12)
+        assert torch.all(lower_matmul(x, a, min_n=2).triu(1) == 0)
+    a, p = random_transition(400), random_transition(400)  # above the default split size
+    s = p
+    for _ in range(3):
+        s = torch.lerp(a, s @ a, 0.25)
+    assert torch.allclose(walk(a, p, 0.25, 3), s, atol=1e-12)
