@@ -17,6 +17,7 @@ import argparse
 import importlib.util
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,9 +81,13 @@ def capture(tokens: int, preset_name: str, layers: list[int], density: float) ->
 
 
 def _load_kernel(path: Path) -> Callable:
-    spec = importlib.util.spec_from_file_location("_kernel_baseline", path)
+    """Another copy of kernels/cpu.py, loaded as a module of sketchwalk.kernels so that its
+    relative imports (.parts) resolve to this checkout's."""
+    name = "sketchwalk.kernels._baseline_cpu"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up while the file runs
     spec.loader.exec_module(mod)
     return mod.block_sparse_attention_cpu
 
