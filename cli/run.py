@@ -143,6 +143,13 @@ class _progress_bar:
             self.bar.close()
 
 
+def _density(m: dict) -> float | None:
+    """The density the speed ceilings assume: the achieved one over the sparse layers, else
+    the target."""
+    d = m.get("density_achieved")
+    return d if d is not None else m.get("density_target")
+
+
 def summarize(result, run_id: str | None, time_only: bool = False) -> dict:
     from sketchwalk.engine.speed import summary as speed_summary
 
@@ -165,7 +172,7 @@ def summarize(result, run_id: str | None, time_only: bool = False) -> dict:
         "gen_common_prefix": m.get("gen_common_prefix"),
         "dense_text": result.dense_text,
         "sparse_text": result.sparse_text,
-        "speed": speed_summary(result.timings, time_only),
+        "speed": speed_summary(result.timings, time_only, _density(m)),
         "layer_records": len(result.layers),
         "timings": {k: round(v, 3) for k, v in result.timings.items()},
     }
@@ -188,7 +195,7 @@ def print_human(s: dict) -> None:
     )
     from sketchwalk.engine.speed import lines
 
-    for line in lines(s["timings"], s["time_only"]):
+    for line in lines(s["timings"], s["time_only"], _density(s)):
         print(line)
     if s["time_only"]:
         print("time-only run: no per-layer records were kept")

@@ -100,6 +100,57 @@ def clean_pairs(t: Timings) -> list[Pair]:
     return pairs
 
 
+@dataclass(frozen=True)
+class Ceiling:
+    """The most a phase can gain at this length (Amdahl): attention is only part of the dense
+    model's time, and the rest (projections, MLP, the weights' reads in decode) both models pay.
+    A short prompt's ceiling is low whatever the kernel does; this says so next to the ratio."""
+
+    phase: str
+    attention_share: float  # the dense model's attention time / its whole time, in [0, 1)
+    density: float
+
+    @property
+    def at_density(self) -> float:
+        """Dense over sparse time if attention cost `density` x dense's in every layer and the
+        selection cost nothing: an upper bound for the whole model at this density."""
+        return 1.0 / (1.0 - self.attention_share * (1.0 - self.density))
+
+    @property
+    def free(self) -> float:
+        """The same if sparse attention cost nothing at all."""
+        return 1.0 / (1.0 - self.attention_share)
+
+
+def ceilings(t: Timings, density: float | None) -> list[Ceiling]:
+    """Prefill and decode ceilings from the clean dense pass (none without one or a density)."""
+    if density is None or not 0.0 <= density <= 1.0:
+        return []
+    out = []
+    for phase, attn_key, whole_key in (
+        ("prefill", "clean_dense_attention_ms", "clean_dense_prefill_ms"),
+        ("decode", "clean_dense_decode_attention_ms", "clean_dense_decode_ms_per_token"),
+    ):
+        attn, whole = _num(t, attn_key), _num(t, whole_key)
+        if attn is not None and whole and whole > 0 and 0.0 <= attn < whole:
+            out.append(Ceiling(phase, attn / whole, density))
+    return out
+
+
+def ceiling_text(cs: list[Ceiling]) -> str | None:
+    """One sentence for the CLI and the Speed page."""
+    if not cs:
+        return None
+    d = cs[0].density
+    shares = " and ".join(f"{c.attention_share:.0%} of the dense {c.phase}" for c in cs)
+    best = "; ".join(f"{c.phase} {c.at_density:.2f}x" for c in cs)
+    free = "; ".join(f"{c.phase} {c.free:.2f}x" for c in cs)
+    return (
+        f"ceiling at this length: attention is {shares}, so at density {d:.2f} with free "
+        f"selection the whole model is at most {best} faster (with free attention: {free})"
+    )
+
+
 def run_pairs(t: Timings) -> list[Pair]:
     """The run's own dense and sparse passes (with the recorder, unless time-only)."""
     pairs = [
@@ -134,22 +185,33 @@ def recording_overhead(t: Timings) -> dict[str, float]:
     return out
 
 
-def summary(t: Timings, time_only: bool = False) -> dict[str, Any]:
+def summary(t: Timings, time_only: bool = False, density: float | None = None) -> dict[str, Any]:
     """The JSON a run summary prints: clean pairs (the headline), the run's own passes (recorded
-    unless time-only), the recording overhead."""
+    unless time-only), the recording overhead, the ceilings at `density` (the achieved one)."""
 
     def keyed(pairs: list[Pair]) -> dict[str, dict]:
         return {f"{p.phase} {p.scope}".replace(" ", "_"): p.as_dict() for p in pairs}
 
+    cs = ceilings(t, density)
     return {
         "clean": keyed(clean_pairs(t)) or None,
         "run_passes": keyed(run_pairs(t)),
         "run_passes_recorded": not time_only,
         "recording_overhead": recording_overhead(t) or None,
+        "ceiling": {
+            c.phase: {
+                "attention_share": c.attention_share,
+                "density": c.density,
+                "at_density": c.at_density,
+                "attention_free": c.free,
+            }
+            for c in cs
+        }
+        or None,
     }
 
 
-def lines(t: Timings, time_only: bool = False) -> list[str]:
+def lines(t: Timings, time_only: bool = False, density: float | None = None) -> list[str]:
     """The same, as the few lines `sketchwalk run` prints."""
 
     def fmt(p: Pair) -> str:
@@ -175,4 +237,7 @@ def lines(t: Timings, time_only: bool = False) -> list[str]:
             if f"{phase}_ms" in over
         ]
         out.append("recording overhead (sparse): " + "; ".join(parts))
+    text = ceiling_text(ceilings(t, density))
+    if text:
+        out.append(text)
     return out

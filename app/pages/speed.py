@@ -59,6 +59,14 @@ if clean:
         "the sparse path's whole cost (sketch, walk and select included), all layers. One pass "
         "each, so expect noise; `sketchwalk bench model` repeats and takes medians."
     )
+    achieved = (run.get("metrics") or {}).get("density_achieved")
+    density = achieved if achieved is not None else (run.get("config") or {}).get("density")
+    ceiling = speed.ceiling_text(speed.ceilings(timings, density))
+    if ceiling:
+        st.caption(
+            ceiling[0].upper() + ceiling[1:] + ". The rest of a step (projections, MLP, reading "
+            "the weights) is the same in both models, so short prompts cannot gain much."
+        )
 else:
     st.info(
         "This run has no clean-pass timings (stored before they were measured, or with them "

@@ -299,6 +299,8 @@ def test_speed_shows_stage_times_and_queues_a_sweep(app_env):
     assert values["Prefill, whole model, recorded"].endswith("×")
     assert values["Attention, sparse layers (per-layer records)"].endswith("×")
     assert "Recording overhead (sparse)" in values
+    ceiling = [c.value for c in at.caption if c.value.startswith("Ceiling at this length")]
+    assert len(ceiling) == 1 and "at density" in ceiling[0]  # what the length allows at all
     fig = charts(at)["Stage time per layer (ms) and speedup over dense"]
     assert [t["name"] for t in fig["data"]][:5] == [
         "sketch",
@@ -363,6 +365,7 @@ def test_speed_of_a_run_stored_before_clean_timings(fresh_db, seeded):
     at = on_page(new_app().run(), "speed", run_id)
     info = [i.value for i in at.info]
     assert len(info) == 1 and "no clean-pass timings" in info[0]
+    assert not any(c.value.startswith("Ceiling") for c in at.caption)  # no clean dense pass
     labels = [m.label for m in at.metric]
     assert (
         labels[0] == "Prefill, whole model, recorded"

@@ -55,6 +55,9 @@ def test_run_json_on_tiny_model_is_stored(tiny_model_dir, tmp_path, capsys):
     }
     assert speed["run_passes_recorded"] is True
     assert "prefill_ms" in speed["recording_overhead"]
+    ceiling = speed["ceiling"]["prefill"]  # at the achieved density: at most 1/density
+    assert ceiling["density"] == out["density_achieved"]
+    assert 1.0 <= ceiling["at_density"] <= ceiling["attention_free"]
     from sketchwalk.store import open_store
 
     with open_store(str(db)) as store:
@@ -123,6 +126,7 @@ def test_time_only_stores_the_run_and_its_timings_but_no_layer_records(
     assert "speed, clean pass (dense -> sparse): prefill whole model" in out
     assert "speed, time-only pass (no recorder)" in out and "recording overhead" not in out
     assert "time-only run: no per-layer records were kept" in out
+    assert "ceiling at this length: attention is" in out  # what the length allows at all
     from sketchwalk.store import open_store
 
     with open_store(str(db)) as store:

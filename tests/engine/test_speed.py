@@ -66,3 +66,26 @@ def test_summary_and_lines_of_a_time_only_run():
     text = speed.lines(t, time_only=True)
     assert text[0].startswith("speed, clean pass") and "(1.50x)" in text[0]
     assert text[1].startswith("speed, time-only pass") and len(text) == 2
+
+
+def test_ceilings_follow_amdahl_from_the_dense_attention_share():
+    """Attention 40 of 90 ms in prefill, 2 of 8 ms per token in decode: at density 0.2 with free
+    selection the whole model is at most 1 / (1 - share * 0.8) faster, 1 / (1 - share) with
+    free attention; no clean pass or no density: no ceiling."""
+    t = {**RECORDED, **CLEAN}
+    pre, dec = speed.ceilings(t, 0.2)
+    assert (pre.phase, dec.phase) == ("prefill", "decode")
+    assert pre.attention_share == pytest.approx(40 / 90)
+    assert pre.at_density == pytest.approx(1 / (1 - 40 / 90 * 0.8))
+    assert pre.free == pytest.approx(1.8)
+    assert dec.at_density == pytest.approx(1.25) and dec.free == pytest.approx(4 / 3)
+    assert speed.ceilings(t, 1.0)[0].at_density == pytest.approx(1.0)  # dense: no gain
+    assert speed.ceilings(RECORDED, 0.2) == [] and speed.ceilings(t, None) == []
+    assert speed.ceilings({**t, "clean_dense_attention_ms": 95.0}, 0.2)[0].phase == "decode"
+    out = speed.summary(t, density=0.2)["ceiling"]
+    assert out["prefill"]["at_density"] == pytest.approx(pre.at_density)
+    assert speed.summary(t)["ceiling"] is None
+    last = speed.lines(t, density=0.2)[-1]
+    assert last.startswith("ceiling at this length") and "prefill 1.55x" in last
+    assert "44% of the dense prefill" in last and "decode 1.33x" in last
+    assert not speed.lines(t)[-1].startswith("ceiling")
