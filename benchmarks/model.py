@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.engine.speed import Ceiling
 from sketchwalk.engine.timing import Pass, run_variant
 
 DEFAULT_TEXT = Path("/usr/share/common-licenses/GPL-3")  # the issue-12 prompt
@@ -39,6 +40,14 @@ def prompt_ids(tokenizer, text: str, n_tokens: int) -> torch.Tensor:
 
 def _med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
+
+
+def _ceiling(attn: float | None, whole: float, density: float) -> float | None:
+    """The most the whole model can gain at this density from the dense pass's attention share
+    (engine/speed.py Ceiling); None without a dense attention time."""
+    if attn is None or not 0 <= attn < whole:
+        return None
+    return round(Ceiling("", attn / whole, density).at_density, 3)
 
 
 def run_model_bench(
@@ -97,9 +106,11 @@ def run_model_bench(
                 dense_prefill_ms=round(d_pre, 1),
                 sparse_prefill_ms=round(s_pre, 1),
                 prefill_speedup=round(d_pre / s_pre, 3),
+                prefill_ceiling=_ceiling(d_attn.get("prefill_attention"), d_pre, cfg.density),
                 dense_decode_ms=round(d_dec, 2),
                 sparse_decode_ms=round(s_dec, 2),
                 decode_speedup=round(d_dec / s_dec, 3) if new_tokens else None,
+                decode_ceiling=_ceiling(d_attn.get("decode_attention"), d_dec, cfg.density),
                 dense_decode_median_ms=round(d_dec_med, 2),
                 sparse_decode_median_ms=round(s_dec_med, 2),
                 sparse_decode_worst_ms=round(s_worst, 2),
@@ -114,8 +125,8 @@ def run_model_bench(
 def format_table(rows: list[dict]) -> str:
     head = (
         f"{'tokens':>7} {'block':>5} {'dens':>5} {'dense pre ms':>12} {'sparse pre ms':>13} "
-        f"{'x':>6} {'dense dec ms':>12} {'sparse dec ms':>13} {'x':>6} {'median x':>8} "
-        f"{'worst ms':>8}  "
+        f"{'x':>6} {'ceil':>5} {'dense dec ms':>12} {'sparse dec ms':>13} {'x':>6} "
+        f"{'ceil':>5} {'median x':>8} {'worst ms':>8}  "
         "attention alone dense/sparse, prefill ms | decode ms"
     )
     lines = [head, "-" * len(head)]
@@ -130,11 +141,14 @@ def format_table(rows: list[dict]) -> str:
         med = "-"
         if r["decode_speedup"] is not None and r["sparse_decode_median_ms"] > 0:
             med = f"{r['dense_decode_median_ms'] / r['sparse_decode_median_ms']:.2f}"
+        ceil = [
+            "-" if c is None else f"{c:.2f}" for c in (r["prefill_ceiling"], r["decode_ceiling"])
+        ]
         lines.append(
             f"{r['seq_len']:>7} {r['block_size']:>5} {r['density']:>5} "
             f"{r['dense_prefill_ms']:>12.0f} {r['sparse_prefill_ms']:>13.0f} "
-            f"{r['prefill_speedup']:>6.2f} {r['dense_decode_ms']:>12.1f} "
-            f"{r['sparse_decode_ms']:>13.1f} {dec:>6} {med:>8} "
+            f"{r['prefill_speedup']:>6.2f} {ceil[0]:>5} {r['dense_decode_ms']:>12.1f} "
+            f"{r['sparse_decode_ms']:>13.1f} {dec:>6} {ceil[1]:>5} {med:>8} "
             f"{r['sparse_decode_worst_ms']:>8.0f}  {st}"
         )
     return "\n".join(lines)

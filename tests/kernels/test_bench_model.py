@@ -45,6 +45,10 @@ def test_cli_json_on_tiny_model(tiny_model, tmp_path, capsys):
         assert {"prefill_attention", "decode_attention", "prefill_sketch"} <= stages.keys()
         assert r["dense_stages_ms"].keys() == {"prefill_attention", "decode_attention"}
         assert 0 < r["dense_stages_ms"]["prefill_attention"] < r["dense_prefill_ms"]
+        share = r["dense_stages_ms"]["prefill_attention"] / r["dense_prefill_ms"]
+        ceiling = 1 / (1 - share * (1 - r["density"]))  # Amdahl at the run's density
+        assert r["prefill_ceiling"] == pytest.approx(ceiling, rel=2e-2)  # rows are rounded
+        assert 1 <= r["decode_ceiling"] <= 1 / r["density"]
 
 
 @pytest.mark.parametrize(
