@@ -117,6 +117,16 @@ def sweep_figure(points: pd.DataFrame) -> go.Figure:
                 line={"color": OKABE_ITO["green"]},
             )
         )
+    if "ceiling" in p and p["ceiling"].notna().any():
+        fig.add_trace(
+            go.Scatter(
+                x=p["density"],
+                y=p["ceiling"],
+                name="whole-model ceiling × (free selection)",
+                mode="lines",
+                line={"color": OKABE_ITO["green"], "dash": "dot"},
+            )
+        )
     fig.update_layout(
         title={"text": "Density sweep: speed and quality"},
         height=360,

@@ -141,7 +141,13 @@ def sweep_points(runs: pd.DataFrame, run: dict) -> pd.DataFrame:
         met = r["metrics"] or {}
         st_ = widgets.layer_stats(url, r["id"])
         st_ = st_[st_["phase"] == "prefill"]
-        clean_ = speed.clean_pairs(widgets.run_meta(url, r["id"]).get("timings") or {})
+        timings_ = widgets.run_meta(url, r["id"]).get("timings") or {}
+        clean_ = speed.clean_pairs(timings_)
+        ceiling_ = [
+            c.at_density
+            for c in speed.ceilings(timings_, met.get("density_achieved"))
+            if c.phase == "prefill"
+        ]
         rows.append(
             {
                 "run": r["id"][:8],
@@ -149,11 +155,12 @@ def sweep_points(runs: pd.DataFrame, run: dict) -> pd.DataFrame:
                 "density": met.get("density_achieved"),
                 "speedup": figures.overall_speedup(st_) if not st_.empty else None,
                 "clean_speedup": clean_[0].ratio if clean_ else None,
+                "ceiling": ceiling_[0] if ceiling_ else None,
                 "kl": met.get("kl_mean"),
                 "top1": met.get("top1_agreement"),
             }
         )
-    columns = ["run", "target", "density", "speedup", "clean_speedup", "kl", "top1"]
+    columns = ["run", "target", "density", "speedup", "clean_speedup", "ceiling", "kl", "top1"]
     df = pd.DataFrame(rows, columns=columns)
     return df.dropna(subset=["density"]).sort_values("density").reset_index(drop=True)
 

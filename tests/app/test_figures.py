@@ -219,6 +219,14 @@ def test_speedups_and_sweep():
     points = pd.DataFrame({"density": [0.3, 0.1], "speedup": [1.5, 3.0], "kl": [0.01, 0.05]})
     sweep = figures.sweep_figure(points)
     assert list(sweep.data[0].x) == [0.1, 0.3] and list(sweep.data[1].y) == [0.05, 0.01]
+    assert len(sweep.data) == 2  # no clean timings, no ceiling
+    points["clean_speedup"], points["ceiling"] = [1.1, 1.2], [1.2, 1.3]
+    names = [t.name for t in figures.sweep_figure(points).data]
+    assert names[2:] == [
+        "clean prefill speedup × (whole model)",
+        "whole-model ceiling × (free selection)",
+    ]
+    assert list(figures.sweep_figure(points).data[3].y) == [1.3, 1.2]  # sorted by density
 
 
 def test_tiles_keep_max_and_mean_and_label_each_tile():
