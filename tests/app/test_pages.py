@@ -311,6 +311,7 @@ def test_speed_shows_stage_times_and_queues_a_sweep(app_env):
     ]
     assert z_array({"z": fig["data"][0]["x"]}).ravel().tolist() == [2, 3]
     assert len(at.dataframe[0].value) == 1  # one run of this prompt with this method so far
+    assert at.dataframe[0].value["ceiling"].iloc[0] >= 1.0  # its whole-model ceiling
     before = {j.id for j in store.list_jobs()}
     at.button(key="btn_sweep").click().run()
     new = [j for j in store.list_jobs() if j.id not in before]
