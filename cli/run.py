@@ -144,10 +144,9 @@ class _progress_bar:
 
 
 def _density(m: dict) -> float | None:
-    """The density the speed ceilings assume: the achieved one over the sparse layers, else
-    the target."""
-    d = m.get("density_achieved")
-    return d if d is not None else m.get("density_target")
+    from sketchwalk.engine.speed import ceiling_density
+
+    return ceiling_density(m.get("density_achieved"), m.get("density_target"))
 
 
 def summarize(result, run_id: str | None, time_only: bool = False) -> dict:

@@ -122,6 +122,12 @@ class Ceiling:
         return 1.0 / (1.0 - self.attention_share)
 
 
+def ceiling_density(achieved: float | None, target: float | None) -> float | None:
+    """The density a run's ceilings assume: the achieved one over the sparse layers, else the
+    target (runs without a measured density)."""
+    return achieved if achieved is not None else target
+
+
 def ceilings(t: Timings, density: float | None) -> list[Ceiling]:
     """Prefill and decode ceilings from the clean dense pass (none without one or a density)."""
     if density is None or not 0.0 <= density <= 1.0:

@@ -107,26 +107,14 @@ def sweep_figure(points: pd.DataFrame) -> go.Figure:
             line={"color": OKABE_ITO["vermillion"], "dash": "dash"},
         )
     )
-    if "clean_speedup" in p and p["clean_speedup"].notna().any():
-        fig.add_trace(
-            go.Scatter(
-                x=p["density"],
-                y=p["clean_speedup"],
-                name="clean prefill speedup × (whole model)",
-                mode="lines+markers",
-                line={"color": OKABE_ITO["green"]},
-            )
-        )
-    if "ceiling" in p and p["ceiling"].notna().any():
-        fig.add_trace(
-            go.Scatter(
-                x=p["density"],
-                y=p["ceiling"],
-                name="whole-model ceiling × (free selection)",
-                mode="lines",
-                line={"color": OKABE_ITO["green"], "dash": "dot"},
-            )
-        )
+    optional = (  # columns only runs with clean-pass timings have
+        ("clean_speedup", "clean prefill speedup × (whole model)", "lines+markers", "solid"),
+        ("ceiling", "whole-model ceiling × (free selection)", "lines", "dot"),
+    )
+    for col, name, mode, dash in optional:
+        if col in p and p[col].notna().any():
+            line = {"color": OKABE_ITO["green"], "dash": dash}
+            fig.add_trace(go.Scatter(x=p["density"], y=p[col], name=name, mode=mode, line=line))
     fig.update_layout(
         title={"text": "Density sweep: speed and quality"},
         height=360,

@@ -59,8 +59,9 @@ if clean:
         "the sparse path's whole cost (sketch, walk and select included), all layers. One pass "
         "each, so expect noise; `sketchwalk bench model` repeats and takes medians."
     )
-    achieved = (run.get("metrics") or {}).get("density_achieved")
-    density = achieved if achieved is not None else (run.get("config") or {}).get("density")
+    density = speed.ceiling_density(
+        (run.get("metrics") or {}).get("density_achieved"), (run.get("config") or {}).get("density")
+    )
     ceiling = speed.ceiling_text(speed.ceilings(timings, density))
     if ceiling:
         st.caption(
