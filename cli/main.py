@@ -16,6 +16,7 @@ import sys
 # It only takes effect if set before torch is imported, hence here, at the entry point.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from sketchwalk.allocator import keep_freed_memory
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.text import terminal_safe
 
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    keep_freed_memory()  # layer after layer reuses freed pages (sketchwalk/allocator.py)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM during a run (exit 128 + signal)
