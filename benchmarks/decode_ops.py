@@ -21,6 +21,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from sketchwalk.allocator import keep_freed_memory
 from sketchwalk.engine.config import SketchWalkConfig  # noqa: E402
 from sketchwalk.engine.dense import dense_attention  # noqa: E402
 from sketchwalk.engine.session import Session  # noqa: E402
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reselect", type=int, nargs="+", default=[1, 4, 0])
     p.add_argument("--top", action="store_true", help="also print the most called aten ops")
     args = p.parse_args(argv)
+    keep_freed_memory()  # as the sketchwalk command (sketchwalk/allocator.py)
     print("tokens reselect  aten ops/step (max)  sparse ms  dense ms  dense/sparse")
     for n in args.seq_len:
         for r in args.reselect:

@@ -26,6 +26,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the sketchwalk command
 import torch  # noqa: E402
 import torch.nn.functional as F
 
+from sketchwalk.allocator import keep_freed_memory
 from sketchwalk.benchmarks.model import DEFAULT_TEXT, prompt_ids
 from sketchwalk.engine.config import PRESETS, SketchWalkConfig, preset
 from sketchwalk.kernels.cpu import block_sparse_attention_cpu
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if min(args.tokens) < 2 or min(args.layers) < 0 or args.repeats < 1:
         ap.error("--tokens must be >= 2, --layers >= 0 and --repeats >= 1")
+    keep_freed_memory()  # as the sketchwalk command (sketchwalk/allocator.py)
     torch.manual_seed(0)
     kernels = {"kernel": block_sparse_attention_cpu}
     if args.baseline:
