@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from sketchwalk.allocator import keep_freed_memory
+from sketchwalk.allocator import keep_freed_memory  # noqa: E402
 from sketchwalk.engine.config import SketchWalkConfig  # noqa: E402
 from sketchwalk.engine.dense import dense_attention  # noqa: E402
 from sketchwalk.engine.session import Session  # noqa: E402
