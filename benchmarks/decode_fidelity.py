@@ -24,7 +24,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from sketchwalk.engine.cache import new_cache  # noqa: E402
+from sketchwalk.engine.cache import cache_kwarg, new_cache  # noqa: E402
 from sketchwalk.engine.config import SketchWalkConfig  # noqa: E402
 from sketchwalk.engine.hook import NAME  # noqa: E402
 from sketchwalk.engine.session import bind_session, sketch_walk_session  # noqa: E402
@@ -47,7 +47,7 @@ def _steps(model, session, cache, first_logits, feed: list[int] | None, n: int) 
         for i in range(n):
             tok = feed[i] if feed is not None else int(logits.argmax())
             toks.append(tok)
-            out = model(torch.tensor([[tok]]), use_cache=True, past_key_values=cache)
+            out = model(torch.tensor([[tok]]), use_cache=True, **{cache_kwarg(model): cache})
             logits = out.logits[0, -1].float()
             out_logits.append(logits)
     return toks, torch.stack(out_logits)
@@ -61,7 +61,7 @@ def _dense(model, ids, n):
     toks, all_logits = [], [logits]
     for _ in range(n):
         toks.append(int(logits.argmax()))
-        out = model(torch.tensor([[toks[-1]]]), use_cache=True, past_key_values=cache)
+        out = model(torch.tensor([[toks[-1]]]), use_cache=True, **{cache_kwarg(model): cache})
         logits = out.logits[0, -1].float()
         all_logits.append(logits)
     return toks, torch.stack(all_logits)

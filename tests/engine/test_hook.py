@@ -4,6 +4,7 @@ import pytest
 import torch
 from engine_fixtures import tiny_llama
 
+from sketchwalk.engine.cache import cache_kwarg
 from sketchwalk.engine.config import SketchWalkConfig
 from sketchwalk.engine.recorder import Recorder
 from sketchwalk.engine.session import current_session, sketch_walk_session
@@ -217,10 +218,10 @@ def test_sampled_estimator_runs_prefill_decode_and_chunks():
     with torch.no_grad(), sketch_walk_session(cfg) as s:
         out = model(ids, use_cache=True)
         assert abs(s.density("prefill") - 0.3) < 0.02
-        cache = out.past_key_values
+        kw = cache_kwarg(model)  # transformers 5.x: `cache`, before: `past_key_values`
         nxt = out.logits[:, -1:].argmax(-1)
-        step = model(nxt, past_key_values=cache, use_cache=True)  # decode
-        chunk = model(torch.randint(1, 128, (1, 40)), past_key_values=step.past_key_values)
+        step = model(nxt, use_cache=True, **{kw: out.past_key_values})  # decode
+        chunk = model(torch.randint(1, 128, (1, 40)), **{kw: step.past_key_values})
     assert torch.isfinite(step.logits).all() and torch.isfinite(chunk.logits).all()
     assert s.density("decode") is not None and s.density("decode") < 1.0
     from sketchwalk.engine.pipeline import prefill_plan
