@@ -50,3 +50,29 @@ def test_opt_out_and_the_users_own_thresholds_are_respected():
     assert applied == "False" and kept < 16
     assert allocator.wanted({}) and not allocator.wanted({allocator.OPT_OUT: "0"})
     assert not allocator.wanted({"MALLOC_MMAP_THRESHOLD_": "1"})
+
+
+def test_the_sketchwalk_command_keeps_freed_memory_and_passes_it_on(tmp_path):
+    """Every command applies it, and the environment carries it into the processes a command
+    starts (the app's streamlit process is exec'd with this environment)."""
+    probe = (
+        "import os, sys\n"
+        "from sketchwalk.cli.main import main\n"
+        "code = main(['runs', '--db', sys.argv[1], '--json'])\n"
+        "print(code, os.environ.get('MALLOC_TRIM_THRESHOLD_'), os.environ.get('MALLOC_MMAP_THRESHOLD_'))\n"
+    )
+    clean = {
+        k: v for k, v in os.environ.items() if k not in allocator.ENV and k != allocator.OPT_OUT
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "s.duckdb")],
+        env=clean,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out[-3:] == [
+        "0",
+        allocator.ENV["MALLOC_TRIM_THRESHOLD_"],
+        allocator.ENV["MALLOC_MMAP_THRESHOLD_"],
+    ]
