@@ -45,9 +45,8 @@ def _med(xs: list[float]) -> float:
 def _ceiling(attn: float | None, whole: float, density: float) -> float | None:
     """The most the whole model can gain at this density from the dense pass's attention share
     (engine/speed.py Ceiling); None without a dense attention time."""
-    if attn is None or not 0 <= attn < whole:
-        return None
-    return round(Ceiling("", attn / whole, density).at_density, 3)
+    c = Ceiling.of("", attn, whole, density)
+    return None if c is None else round(c.at_density, 3)
 
 
 def run_model_bench(

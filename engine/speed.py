@@ -110,6 +110,15 @@ class Ceiling:
     attention_share: float  # the dense model's attention time / its whole time, in [0, 1)
     density: float
 
+    @classmethod
+    def of(
+        cls, phase: str, attn: float | None, whole: float | None, density: float
+    ) -> Ceiling | None:
+        """From the dense pass's attention and whole times; None where they give no share."""
+        if attn is None or not whole or whole <= 0 or not 0.0 <= attn < whole:
+            return None
+        return cls(phase, attn / whole, density)
+
     @property
     def at_density(self) -> float:
         """Dense over sparse time if attention cost `density` x dense's in every layer and the
@@ -132,15 +141,14 @@ def ceilings(t: Timings, density: float | None) -> list[Ceiling]:
     """Prefill and decode ceilings from the clean dense pass (none without one or a density)."""
     if density is None or not 0.0 <= density <= 1.0:
         return []
-    out = []
-    for phase, attn_key, whole_key in (
-        ("prefill", "clean_dense_attention_ms", "clean_dense_prefill_ms"),
-        ("decode", "clean_dense_decode_attention_ms", "clean_dense_decode_ms_per_token"),
-    ):
-        attn, whole = _num(t, attn_key), _num(t, whole_key)
-        if attn is not None and whole and whole > 0 and 0.0 <= attn < whole:
-            out.append(Ceiling(phase, attn / whole, density))
-    return out
+    cs = (
+        Ceiling.of(phase, _num(t, attn_key), _num(t, whole_key), density)
+        for phase, attn_key, whole_key in (
+            ("prefill", "clean_dense_attention_ms", "clean_dense_prefill_ms"),
+            ("decode", "clean_dense_decode_attention_ms", "clean_dense_decode_ms_per_token"),
+        )
+    )
+    return [c for c in cs if c is not None]
 
 
 def ceiling_text(cs: list[Ceiling]) -> str | None:

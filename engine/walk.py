@@ -6,6 +6,8 @@ triangular, so walk scores are comparable across rows and layers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -15,12 +17,7 @@ def walk(a: torch.Tensor, prev: torch.Tensor | None, beta: float, degree: int) -
     state <- (1 - beta) * A + beta * (state @ A), `degree` times. beta = 0 returns A (no walk).
     Every state is lower triangular, so the products skip the zero quarter (lower_matmul).
     """
-    if beta == 0.0:
-        return a
-    state = a if prev is None else prev
-    for _ in range(degree):
-        state = torch.lerp(a, lower_matmul(state, a), beta)
-    return state
+    return walk_rows(a, a, prev, beta, degree, lower_matmul)
 
 
 def lower_matmul(x: torch.Tensor, a: torch.Tensor, min_n: int = 384) -> torch.Tensor:
@@ -42,16 +39,22 @@ def lower_matmul(x: torch.Tensor, a: torch.Tensor, min_n: int = 384) -> torch.Te
 
 
 def walk_rows(
-    a_rows: torch.Tensor, a: torch.Tensor, prev: torch.Tensor | None, beta: float, degree: int
+    a_rows: torch.Tensor,
+    a: torch.Tensor,
+    prev: torch.Tensor | None,
+    beta: float,
+    degree: int,
+    product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.matmul,
 ) -> torch.Tensor:
     """Some rows of W_l: a_rows [..., R, n] are those rows of A_l [..., n, n], prev the same rows
     of W_{l-1}. Row i of W_l only reads row i of W_{l-1} and all of A_l, so a chunk of queries
-    after a cache gets exactly the rows a full prefill would compute."""
+    after a cache gets exactly the rows a full prefill would compute. product: state @ A (walk
+    passes lower_matmul when the rows are all of A)."""
     if beta == 0.0:
         return a_rows
     state = a_rows if prev is None else prev
     for _ in range(degree):
-        state = torch.lerp(a_rows, state @ a, beta)
+        state = torch.lerp(a_rows, product(state, a), beta)
     return state
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Mapping
 
 MMAP_THRESHOLD = 256 << 20  # blocks below this come from the heap and are reused when freed
 TRIM_THRESHOLD = 1 << 30  # free heap top kept resident up to this much
@@ -26,7 +27,7 @@ ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": 
 OPT_OUT = "SKETCHWALK_KEEP_FREED_MEMORY"
 
 
-def wanted(environ: os._Environ | dict = os.environ) -> bool:
+def wanted(environ: Mapping[str, str] = os.environ) -> bool:
     """Not turned off, and no malloc thresholds of the user's own to respect."""
     return environ.get(OPT_OUT, "1") != "0" and not any(k in environ for k in ENV)
 
