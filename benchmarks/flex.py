@@ -3,7 +3,6 @@
 A BlockMask is built from the same block lists the sparse kernel runs (one list per layer or per
 KV-head group), with the causal rule inside the diagonal blocks, so both compute the same
 attention; `torch.compile(flex_attention)` is compiled once per process (8-20 s on this CPU).
-The mask_mod reads a dense [B, G, nq, nk] bool block table, which reproduces the lists exactly.
 """
 
 from __future__ import annotations
@@ -38,30 +37,39 @@ def block_mask(
     lq: int,
     lk: int,
 ):
-    """BlockMask of the lists [B, G, nq, K] (queries are the last lq of lk positions)."""
-    from torch.nn.attention.flex_attention import create_block_mask
+    """BlockMask of the lists [B, G, nq, K] (queries are the last lq of lk positions).
 
-    bsz, g = block_index.shape[:2]
-    nk = -(-lk // block_size)
-    table = selected_block_mask(block_index, block_count, nk).to(block_index.device)  # [B,G,nq,nk]
-    rep = heads // g
+    Built straight from the lists (`BlockMask.from_kv_blocks`): the blocks every query of a row
+    sees whole are Flex's "full" blocks (no mask_mod), the other visible listed blocks its partial
+    ones. No mask is evaluated to build it, so nothing is compiled or materialised
+    (create_block_mask evaluates the mask_mod per element: [B, H, lq, lk] when not compiled,
+    64 GiB for Llama-3.1-8B's 32 heads at 16k tokens). The mask_mod still reads the lists' block
+    table, as Flex's eager path (the tests) applies the mask_mod alone."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    g, b = block_index.shape[1], block_size
+    nq, nk = -(-lq // b), -(-lk // b)
     off = lk - lq
-    b = block_size
+    table = selected_block_mask(block_index, block_count, nk).to(block_index.device)
+    rep = heads // g
+    start = torch.arange(nk, device=table.device) * b
+    end = torch.clamp(start + b, max=lk)  # one past a key block's last key
+    first_q = off + torch.arange(nq, device=table.device) * b
+    last_q = off + torch.clamp(torch.arange(1, nq + 1, device=table.device) * b, max=lq) - 1
+    whole = (end[None, :] - 1 <= first_q[:, None]) & (end - start == b)[None, :]
+    seen = start[None, :] <= last_q[:, None]
+    full, partial = table & whole, table & seen & ~whole
+    full, partial = full.repeat_interleave(rep, 1), partial.repeat_interleave(rep, 1)
+
+    def lists(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        order = torch.sort(m.to(torch.int8), dim=-1, descending=True, stable=True).indices
+        return m.sum(-1).to(torch.int32), order.to(torch.int32)
 
     def mask_mod(bi, h, q_idx, kv_idx):  # kernels/reference.py token_mask, one element
         return table[bi, h // rep, q_idx // b, kv_idx // b] & (q_idx + off >= kv_idx)
 
-    return create_block_mask(
-        mask_mod,
-        bsz,
-        None if g == 1 else heads,
-        lq,
-        lk,
-        device=str(block_index.device),
-        BLOCK_SIZE=block_size,
-        # compiled, the mask is reduced block by block: evaluated eagerly it is materialised as
-        # [B, H, lq, lk] (64 GiB for Llama-3.1-8B's 32 heads at 16k tokens)
-        _compile=True,
+    return BlockMask.from_kv_blocks(
+        *lists(partial), *lists(full), BLOCK_SIZE=b, mask_mod=mask_mod, seq_lengths=(lq, lk)
     )
 
 
