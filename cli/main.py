@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "sketchwalk.cli.bench",
     "sketchwalk.cli.eval",
     "sketchwalk.cli.frontier",
+    "sketchwalk.cli.calibrate",
     "sketchwalk.cli.app",
     "sketchwalk.cli.worker",
     "sketchwalk.cli.trace",

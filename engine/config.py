@@ -15,6 +15,7 @@ from sketchwalk.errors import SketchWalkError
 
 PHASES = ("prefill", "decode", "both")
 BUDGETS = ("layer", "row")
+LAYER_PROFILES = ("auto", "uniform")
 ESTIMATORS = ("mean", "query", "sampled")
 TOKEN_ESTIMATORS = ("query", "sampled")  # keep sums of squared keys and score single queries
 
@@ -117,6 +118,14 @@ class SketchWalkConfig:
         "same rate in every row",
         label="Budget",
         choices=BUDGETS,
+    )
+    layer_profile: str = knob(
+        "auto",
+        "how the density is spread over the sparse layers: 'auto' follows the model's layer "
+        "profile where one is calibrated (`sketchwalk calibrate`; shipped for SmolLM2-135M), "
+        "the mean staying at the target; 'uniform' gives every sparse layer the target",
+        label="Layer profile",
+        choices=LAYER_PROFILES,
     )
     sink: float = knob(
         0.0,
@@ -341,6 +350,7 @@ LEGACY: dict[str, Any] = {
     "decode_reselect": 1,
     "decode_reselect_span": 0,
     "decode_stagger": False,
+    "layer_profile": "uniform",
 }
 
 # ---- presets: data next to the declaration ----------------------------------------------------
@@ -379,6 +389,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "decode_reselect": 1,
         "decode_reselect_span": 0,
         "decode_stagger": False,
+        "layer_profile": "uniform",
     },
 }
 

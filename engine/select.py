@@ -93,6 +93,49 @@ def forced_mask(
     return sink_m | win_m
 
 
+@dataclass
+class Offers:
+    """What a layer's budget can buy (per batch element and selection group): each (tile, key
+    block) item is worth `value` per pair (the mean score of the tile's rows that see it, -inf
+    where it costs nothing) and costs `cost` pairs, on top of the layer's forced pairs."""
+
+    value: torch.Tensor  # [B, G, ng * nk] float
+    cost: torch.Tensor  # [B, ng * nk] float
+    forced: torch.Tensor  # [B] forced pairs
+    candidates: torch.Tensor  # [B] causal pairs of real rows
+
+
+def budget_masks(
+    shape: tuple[int, ...] | torch.Size,
+    q_blocks: torch.Tensor,
+    rule: ForcedRule,
+    seq_start: torch.Tensor,
+    seq_end: torch.Tensor,
+    dense_rows: torch.Tensor | None = None,
+    real_rows: torch.Tensor | None = None,
+    row_group: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(candidates, forced, tile of each row or None, real rows) of a layer's selection over
+    scores of `shape` [B, G, nq, nk]; arguments as select_blocks. Candidates are real rows'
+    causal blocks; forced blocks are candidates, spread over a tile's rows."""
+    bsz, _, nq, nk = shape
+    start_block = seq_start // rule.block_size
+    cand = candidate_mask(q_blocks, nk, start_block)  # [B, nq, nk]
+    forced = cand & forced_mask(q_blocks, nk, rule, seq_start, seq_end)
+    if dense_rows is not None:
+        forced = forced | (cand & dense_rows[None, :, None])
+    gid = None
+    if row_group > 1 and nq > 1:
+        gid = q_blocks // row_group
+        gid = gid - gid[0]
+        forced = cand & _spread(forced, gid)  # a tile keeps what any of its rows must keep
+    rows = torch.ones(bsz, nq, dtype=torch.bool, device=q_blocks.device)
+    if real_rows is not None:
+        rows = real_rows
+    cand = cand & rows[:, :, None]  # rows without real queries keep only what is forced
+    return cand, forced, gid, rows
+
+
 def select_blocks(
     scores: torch.Tensor,
     q_blocks: torch.Tensor,
@@ -113,26 +156,14 @@ def select_blocks(
     (aligned to multiples of it) that share one list (query tiles of row_group blocks, see
     group_budget_keep); needs the layer budget.
     """
-    bsz, groups, nq, nk = scores.shape
-    start_block = seq_start // rule.block_size
-    cand = candidate_mask(q_blocks, nk, start_block)  # [B, nq, nk]
-    forced = cand & forced_mask(q_blocks, nk, rule, seq_start, seq_end)
-    if dense_rows is not None:
-        forced = forced | (cand & dense_rows[None, :, None])
-    gid = None
-    if row_group > 1 and nq > 1:
-        gid = q_blocks // row_group
-        gid = gid - gid[0]
-        forced = cand & _spread(forced, gid)  # a tile keeps what any of its rows must keep
-    rows = torch.ones(bsz, nq, dtype=torch.bool, device=scores.device)
-    if real_rows is not None:
-        rows = real_rows
-    cand = cand & rows[:, :, None]  # rows without real queries keep only what is forced
+    cand, forced, gid, rows = budget_masks(
+        scores.shape, q_blocks, rule, seq_start, seq_end, dense_rows, real_rows, row_group
+    )
     if gid is not None:
         if budget != "layer":
             raise ValueError("query tiles of several blocks need the layer budget")
         keep = group_budget_keep(scores, cand, forced, gid, density)
-    elif budget == "layer" and nq > 1:
+    elif budget == "layer" and scores.shape[2] > 1:
         keep = layer_budget_keep(scores, cand, forced, density)
     else:
         keep = row_budget_keep(scores, cand, forced, rows, density)
@@ -224,20 +255,32 @@ def group_budget_keep(
     bsz, groups, nq, nk = scores.shape
     ng = int(gid[-1]) + 1
     free = cand & ~forced  # [B, nq, nk]
+    o = tile_offers(scores, cand, forced, gid)
+    target = torch.floor(density * o.candidates.double() + 1e-9).long()  # [B]
+    room = (target - o.forced).clamp(min=0)
+    order = o.value.argsort(dim=-1, descending=True, stable=True)
+    paid = o.cost[:, None].expand(bsz, groups, -1).gather(-1, order).cumsum(-1)
+    live = (paid <= room[:, None, None].double()) & (o.value.gather(-1, order) > -math.inf)
+    keep = torch.zeros(bsz, groups, ng * nk, dtype=torch.bool, device=scores.device)
+    keep.scatter_(-1, order, live)
+    return keep.view(bsz, groups, ng, nk)[:, :, gid] & free[:, None]
+
+
+def tile_offers(
+    scores: torch.Tensor, cand: torch.Tensor, forced: torch.Tensor, gid: torch.Tensor
+) -> Offers:
+    """The items group_budget_keep ranks, from scores [B, G, nq, nk] and the masks of
+    budget_masks (gid [nq]: each row's tile; one tile per row when rows do not share lists).
+    engine/layer_profile.py ranks them across layers."""
+    bsz, groups, nq, nk = scores.shape
+    ng = int(gid[-1]) + 1
+    free = cand & ~forced  # [B, nq, nk]
     cost = _tile_sums(free, gid)  # [B, ng, nk]
     seen = _tile_sums(cand, gid).clamp(min=1)
     sc = torch.where(cand[:, None], scores.float(), 0.0)
     value = _tile_sums(sc, gid) / seen[:, None]  # [B, G, ng, nk]
-    target = torch.floor(density * cand.sum((1, 2)).double() + 1e-9).long()  # [B]
-    room = (target - forced.sum((1, 2))).clamp(min=0)
-    inf = torch.tensor(float("-inf"), device=scores.device)
-    value = torch.where(cost[:, None] > 0, value, inf).reshape(bsz, groups, ng * nk)
-    order = value.argsort(dim=-1, descending=True, stable=True)
-    paid = cost.reshape(bsz, 1, ng * nk).expand(bsz, groups, -1).gather(-1, order).cumsum(-1)
-    live = (paid <= room[:, None, None].double()) & (value.gather(-1, order) > inf)
-    keep = torch.zeros(bsz, groups, ng * nk, dtype=torch.bool, device=scores.device)
-    keep.scatter_(-1, order, live)
-    return keep.view(bsz, groups, ng, nk)[:, :, gid] & free[:, None]
+    value = value.masked_fill(cost[:, None] <= 0, -math.inf).reshape(bsz, groups, ng * nk)
+    return Offers(value, cost.reshape(bsz, ng * nk), forced.sum((1, 2)), cand.sum((1, 2)))
 
 
 def row_budget_keep(

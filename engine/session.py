@@ -22,6 +22,7 @@ from sketchwalk.kernels import choose_backend, decode_cache
 from .clock import now_ms
 from .config import SketchWalkConfig
 from .dense import dense_attention, key_validity
+from .layer_profile import layer_densities
 from .pipeline import (
     DecodeLayerState,
     Plan,
@@ -59,6 +60,26 @@ class Session:
     _ones: torch.Tensor | None = None  # the all-valid key mask of the current length
     # kept (row, block) pairs and all causal pairs, per phase, over sparse layers / all layers
     counts: dict[str, list[int]] = field(default_factory=dict)
+    # each sparse layer's density from the model's layer profile ({}: cfg.density everywhere);
+    # None until the attention hook binds the model (bind_model)
+    layer_density: dict[int, float] | None = None
+    _layer_cfgs: dict[int, SketchWalkConfig] = field(default_factory=dict)
+
+    def bind_model(self, model_config: object) -> None:
+        """Read the model's layer profile once (engine/layer_profile.py); the hook passes the
+        attention module's config, the one handle to the model a layer call has."""
+        if self.layer_density is None:
+            self.layer_density = layer_densities(self.cfg, model_config)
+
+    def cfg_for(self, layer: int) -> SketchWalkConfig:
+        """The config a layer selects with: cfg, at the layer's profile density if it has one."""
+        d = (self.layer_density or {}).get(layer)
+        if d is None:
+            return self.cfg
+        c = self._layer_cfgs.get(layer)
+        if c is None:
+            c = self._layer_cfgs[layer] = self.cfg.with_(density=d)
+        return c
 
     def srht(self, layer: int, dim: int, device: torch.device) -> SRHT:
         key = (layer, dim, str(device))
@@ -177,13 +198,13 @@ class Session:
                 key_valid=key_valid,
                 scale=scale,
                 block_size=self.cfg.block_size,
-                density_target=self.cfg.density if sparse else None,
+                density_target=self.cfg_for(layer).density if sparse else None,
                 timings=timings,
             )
         )
 
     def _prefill(self, layer, q, k, v, mask, key_valid, scale, exact):
-        cfg = self.cfg
+        cfg = self.cfg_for(layer)
         sparse = cfg.sparse_in("prefill") and not cfg.is_dense_layer(layer)
         for_decode = cfg.sparse_in("decode") and not cfg.is_dense_layer(layer)
         plan: Plan | None = None
@@ -216,7 +237,7 @@ class Session:
         the new tokens, the chunk's rows are walked and selected like a prefill's (and counted
         with it). The queries are front-padded to a block boundary so that kernel tiles are whole
         blocks; the pad is cut. Not recorded: a run's records are its prefill and decode steps."""
-        cfg = self.cfg
+        cfg = self.cfg_for(layer)
         lq, lk = q.shape[2], k.shape[2]
         sparse = cfg.sparse_in("prefill") and not cfg.is_dense_layer(layer)
         if sparse and not cfg.method_spec.chunks:
@@ -244,7 +265,7 @@ class Session:
             return self._decode_layer(layer, q, k, v, mask, key_valid, scale, exact)
 
     def _decode_layer(self, layer, q, k, v, mask, key_valid, scale, exact):
-        cfg = self.cfg
+        cfg = self.cfg_for(layer)
         st = self.decode_states[layer]
         srht = self.srht(layer, q.shape[-1], q.device)
         if reusable(st, k.shape[2], cfg, cfg.decode_reselect):

@@ -30,14 +30,15 @@ def load_source(name: str) -> list[tuple[str, str]]:
     """(document name, text) pairs of an offline source; one-line error when it is missing."""
     if name in LICENSE_SOURCES:
         path = LICENSES / LICENSE_SOURCES[name]
-        return [(name, _read(path))]
+        return [(name, read_text(path))]
     if name == "python-stdlib":
         root = Path(sysconfig.get_paths()["stdlib"])
-        return [(f"stdlib/{f}", _read(root / f)) for f in STDLIB_FILES]
+        return [(f"stdlib/{f}", read_text(root / f)) for f in STDLIB_FILES]
     raise SketchWalkError(f"unknown text source {name!r}; choose one of {', '.join(SOURCES)}")
 
 
-def _read(path: Path) -> str:
+def read_text(path: Path) -> str:
+    """A UTF-8 text file; one-line error when it cannot be read."""
     try:
         return path.read_text(encoding="utf-8")
     except OSError as exc:

@@ -1,0 +1,74 @@
+"""Calibrate a model's layer profile from the dense model's exact attention on a text.
+
+One dense prefill; at every layer the config would run sparse, the exact block mass is turned
+into what that layer's budget could buy (engine/select.py tile_offers, the items the selection
+ranks) and the items of all layers are ranked together (engine/layer_profile.py allocate).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.engine.hook import NAME
+from sketchwalk.engine.layer_profile import TARGETS, LayerProfile, allocate, fingerprint
+from sketchwalk.engine.pipeline import key_span
+from sketchwalk.engine.recorder import LayerStep, RecorderOptions
+from sketchwalk.engine.select import ForcedRule, Offers, budget_masks, tile_offers
+from sketchwalk.engine.session import sketch_walk_session
+from sketchwalk.errors import SketchWalkError
+
+
+class OfferCollector:
+    """Stands in for the recorder in a dense prefill: keeps each sparse layer's offers."""
+
+    options = RecorderOptions(time_dense=False, decode=False)
+
+    def __init__(self, cfg: SketchWalkConfig):
+        self.cfg = cfg
+        self.offers: dict[int, Offers] = {}
+
+    def observes(self, phase: str) -> bool:
+        return phase == "prefill"
+
+    def wants_exact(self, lk: int) -> bool:
+        return True
+
+    def record(self, obs: LayerStep) -> None:
+        cfg = self.cfg
+        if cfg.is_dense_layer(obs.layer) or obs.exact is None:
+            return
+        exact = obs.exact[:1]
+        rows = torch.arange(exact.shape[2], device=exact.device)
+        start, end = key_span(obs.key_valid[:1])
+        cand, forced, gid, _ = budget_masks(
+            exact.shape, rows, ForcedRule.of(cfg), start, end, row_group=cfg.rows_per_list
+        )
+        self.offers[obs.layer] = tile_offers(exact, cand, forced, rows if gid is None else gid)
+
+
+@torch.no_grad()
+def calibrate(
+    model, ids: torch.Tensor, cfg: SketchWalkConfig | None = None, source: str = ""
+) -> LayerProfile:
+    """The layer profile of `model` from a dense prefill of ids [1, T] with cfg's selection
+    knobs (block size, query tiles, sink, window, dense layers, groups)."""
+    cfg = cfg or SketchWalkConfig()
+    if cfg.method == "dense":
+        raise SketchWalkError("calibrate a sparse config: method dense has no layer budget")
+    if ids.shape[0] != 1 or ids.shape[1] < 4 * cfg.block_size:
+        raise SketchWalkError(
+            f"calibration needs one text of at least {4 * cfg.block_size} tokens, "
+            f"got {ids.shape[1]}"
+        )
+    collector = OfferCollector(cfg)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(NAME)
+    try:
+        with sketch_walk_session(cfg.with_(method="dense"), recorder=collector):
+            model(ids, logits_to_keep=1)
+    finally:
+        model.set_attn_implementation(previous)
+    if not collector.offers:
+        raise SketchWalkError("no sparse layer to calibrate (every layer is dense)")
+    return LayerProfile(fingerprint(model.config), TARGETS, allocate(collector.offers), source)
