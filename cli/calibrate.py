@@ -67,6 +67,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     profile = calibrate(lm.model, ids, cfg, source)
     path = save(profile, args.out)
     at = profile.at(0.2)
-    print(" ".join(f"{k}:{v:.3f}" for k, v in sorted(at.items())))
+    # at target 0.2, per layer the density of each selection group: "2:0.192/0.331/0.297 ..."
+    print(" ".join(f"{k}:" + "/".join(f"{x:.3f}" for x in v) for k, v in sorted(at.items())))
     print(f"layer profile {profile.fingerprint} ({source}) written to {path}", file=sys.stderr)
     return 0

@@ -232,10 +232,21 @@ class SketchWalkConfig:
         "pays for all layers at once)",
         label="Stagger decode re-selections",
     )
+    # Not a knob: one layer's density per selection group, set by the session from the model's
+    # layer profile (engine/layer_profile.py) on the config it hands that layer; empty: `density`
+    # for every group. `density` is then their mean.
+    group_density: tuple[float, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dense_layers", tuple(int(x) for x in self.dense_layers))
+        try:
+            gd = tuple(float(x) for x in self.group_density)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"group densities must be numbers, got {self.group_density!r}"
+            ) from None
+        object.__setattr__(self, "group_density", gd)
         self.validate()
 
     def validate(self) -> None:
@@ -245,6 +256,14 @@ class SketchWalkConfig:
         qb = self.query_block
         if qb and qb & (qb - 1):
             raise ConfigError(f"query block must be 0 or a power of two, got {qb}")
+        if not all(0.0 < x <= 1.0 for x in self.group_density):
+            raise ConfigError(f"group densities must lie in (0, 1], got {list(self.group_density)}")
+
+    @property
+    def rates(self) -> float | tuple[float, ...]:
+        """What a layer's selection spends: one density per group where the layer profile set
+        them, else the target density."""
+        return self.group_density or self.density
 
     @property
     def rows_per_list(self) -> int:
@@ -279,6 +298,7 @@ class SketchWalkConfig:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["dense_layers"] = list(self.dense_layers)
+        d.pop("group_density")  # per-layer state of a run, not one of its knobs
         return d
 
     @classmethod

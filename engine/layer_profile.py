@@ -42,37 +42,26 @@ class ProfileError(SketchWalkError):
 
 @dataclass(frozen=True)
 class LayerProfile:
-    """Per sparse layer, the density it gets at each target in `targets` (ascending). The mean
-    over the layers is the target at every grid point (to within the last item that did not
-    fit), except where a text's forced blocks alone are more."""
+    """Per sparse layer and selection group (KV head), the density it gets at each target in
+    `targets` (ascending). The mean over all of them is the target at every grid point (to
+    within the last item that did not fit), except where a text's forced blocks alone are more."""
 
     fingerprint: str
     targets: tuple[float, ...]
-    densities: dict[int, tuple[float, ...]]  # layer id -> density per target
+    densities: dict[int, tuple[tuple[float, ...], ...]]  # layer -> per group, density per target
     source: str = ""  # what it was calibrated on (model, text, tokens)
 
-    def at(self, target: float) -> dict[int, float]:
-        """Each layer's density for `target` in (0, 1]; the mean over the layers follows the
+    def at(self, target: float) -> dict[int, tuple[float, ...]]:
+        """Each layer's densities per group for `target` in (0, 1]; their mean follows the
         grid's means (the target itself, see the class docstring).
 
         Between grid targets the densities are interpolated linearly (a mean-preserving mix);
         below the grid they scale down from its first target, above it they move linearly from
         its last target to all-dense at 1."""
-        t = self.targets
-        out = {}
-        for layer, d in self.densities.items():
-            if target in t:
-                v = d[t.index(target)]
-            elif target < t[0]:
-                v = d[0] * target / t[0]
-            elif target >= t[-1]:
-                v = d[-1] + (target - t[-1]) / (1.0 - t[-1]) * (1.0 - d[-1])
-            else:
-                i = next(i for i in range(1, len(t)) if target <= t[i])
-                w = (target - t[i - 1]) / (t[i] - t[i - 1])
-                v = d[i - 1] + w * (d[i] - d[i - 1])
-            out[layer] = min(max(v, 1e-6), 1.0)
-        return out
+        return {
+            layer: tuple(_read(self.targets, d, target) for d in groups)
+            for layer, groups in self.densities.items()
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,7 +69,7 @@ class LayerProfile:
             "fingerprint": self.fingerprint,
             "source": self.source,
             "targets": list(self.targets),
-            "densities": {str(k): list(v) for k, v in sorted(self.densities.items())},
+            "densities": {str(k): [list(g) for g in v] for k, v in sorted(self.densities.items())},
         }
 
     @classmethod
@@ -99,16 +88,34 @@ class LayerProfile:
             raise ProfileError("layer profile targets must lie in (0, 1)")
         if not isinstance(dens, dict) or not dens:
             raise ProfileError("a layer profile needs densities for at least one layer")
-        out: dict[int, tuple[float, ...]] = {}
-        for key, row in dens.items():
+        out: dict[int, tuple[tuple[float, ...], ...]] = {}
+        for key, groups in dens.items():
             if not (isinstance(key, str) and key.isdigit() and len(key) < 6):
                 raise ProfileError(f"layer profile: bad layer id {key!r}")
-            if not _numbers(row) or len(row) != len(targets):
-                raise ProfileError(f"layer profile: layer {key} needs one density per target")
-            if not all(0.0 < x <= 1.0 for x in row):
-                raise ProfileError(f"layer profile: layer {key} has a density outside (0, 1]")
-            out[int(key)] = tuple(float(x) for x in row)
+            if not isinstance(groups, list) or not 0 < len(groups) <= 1024:
+                raise ProfileError(f"layer profile: layer {key} needs a list of groups")
+            for row in groups:
+                if not _numbers(row) or len(row) != len(targets):
+                    raise ProfileError(f"layer profile: layer {key} needs one density per target")
+                if not all(0.0 < x <= 1.0 for x in row):
+                    raise ProfileError(f"layer profile: layer {key} has a density outside (0, 1]")
+            out[int(key)] = tuple(tuple(float(x) for x in row) for row in groups)
         return cls(fp, tuple(float(x) for x in targets), out, src)
+
+
+def _read(t: tuple[float, ...], d: tuple[float, ...], target: float) -> float:
+    """One group's density at target from its densities d at the grid targets t."""
+    if target in t:
+        v = d[t.index(target)]
+    elif target < t[0]:
+        v = d[0] * target / t[0]
+    elif target >= t[-1]:
+        v = d[-1] + (target - t[-1]) / (1.0 - t[-1]) * (1.0 - d[-1])
+    else:
+        i = next(i for i in range(1, len(t)) if target <= t[i])
+        w = (target - t[i - 1]) / (t[i] - t[i - 1])
+        v = d[i - 1] + w * (d[i] - d[i - 1])
+    return min(max(v, 1e-6), 1.0)
 
 
 def _numbers(x: Any) -> bool:
@@ -152,7 +159,7 @@ def save(profile: LayerProfile, path: str | Path | None = None) -> Path:
     tmp = path.with_name(path.name + ".tmp")
     d = profile.to_json()
     rows = [
-        f"  {json.dumps(k)}: {json.dumps([round(x, 6) for x in v])}"
+        f"  {json.dumps(k)}: {json.dumps([[round(x, 6) for x in g] for g in v])}"
         for k, v in d.pop("densities").items()
     ]
     head = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in d.items()]
@@ -171,17 +178,24 @@ def find(fp: str) -> LayerProfile | None:
     return None
 
 
-def layer_densities(cfg: Any, model_config: Any) -> dict[int, float]:
-    """Per-layer densities for a run of config cfg ({}: every sparse layer at cfg.density):
-    layer_profile "auto" reads the model's profile where one exists. Layers the run keeps dense
-    drop out (a profile calibrated with other dense layers then averages a little off the
-    target; the achieved density is measured either way)."""
+def layer_densities(cfg: Any, model_config: Any) -> dict[int, tuple[float, ...]]:
+    """Per-layer densities for a run of config cfg ({}: every sparse layer at cfg.density): with
+    layer_profile "auto", the model's profile where one exists, one density per selection group
+    (their mean where the run selects once per layer or the groups do not match). Layers the run
+    keeps dense drop out (a profile calibrated with other dense layers then averages a little
+    off the target; the achieved density is measured either way)."""
     if cfg.layer_profile != "auto" or cfg.method == "dense" or model_config is None:
         return {}
     profile = find(fingerprint(model_config))
     if profile is None:
         return {}
-    return {k: v for k, v in profile.at(cfg.density).items() if not cfg.is_dense_layer(k)}
+    heads = getattr(model_config, "num_attention_heads", 0)
+    groups = cfg.groups(getattr(model_config, "num_key_value_heads", None) or heads)
+    out = {}
+    for layer, d in profile.at(cfg.density).items():
+        if not cfg.is_dense_layer(layer):
+            out[layer] = d if len(d) == groups else (sum(d) / len(d),)
+    return out
 
 
 # ---- calibration: one budget for all layers --------------------------------------------------
@@ -189,35 +203,34 @@ def layer_densities(cfg: Any, model_config: Any) -> dict[int, float]:
 
 def allocate(
     offers: dict[int, Offers], targets: tuple[float, ...] = TARGETS, shrink: float = SHRINK
-) -> dict[int, tuple[float, ...]]:
-    """Per-layer densities at each target from every sparse layer's offers (tile_offers of its
-    exact block mass, batch element 0): the items of all layers and groups ranked together by
-    value and bought while the whole model's room (target x candidates - forced, summed) lasts,
-    then each layer's share moved `shrink` of the way back to the target. Forced pairs are
-    always in a layer's share: where they alone exceed the room, nothing else is bought."""
+) -> dict[int, tuple[tuple[float, ...], ...]]:
+    """Densities per layer, group and target from every sparse layer's offers (tile_offers of
+    its exact block mass, batch element 0): the items of all layers and groups ranked together
+    by value and bought while the whole model's room (target x candidates - forced, summed over
+    layers and groups) lasts, then each group's share moved `shrink` of the way back to the
+    target. Forced pairs are always in a share: where they alone exceed the room, nothing else
+    is bought."""
     layers = sorted(offers)
-    value = torch.cat([offers[li].value[0].reshape(-1) for li in layers]).double()
-    cost = torch.cat(
-        [offers[li].cost[0].expand(offers[li].value.shape[1], -1).reshape(-1) for li in layers]
-    ).double()
+    owners = [(li, g) for li in layers for g in range(offers[li].value.shape[1])]
+    value = torch.cat([offers[li].value[0, g] for li, g in owners]).double()
+    cost = torch.cat([offers[li].cost[0] for li, g in owners]).double()
     owner = torch.cat(
-        [torch.full((offers[li].value[0].numel(),), i) for i, li in enumerate(layers)]
+        [torch.full((offers[li].cost.shape[1],), i) for i, (li, g) in enumerate(owners)]
     )
-    groups = torch.tensor([offers[li].value.shape[1] for li in layers], dtype=torch.float64)
-    cand = torch.tensor([float(offers[li].candidates[0]) for li in layers], dtype=torch.float64)
-    forced = torch.tensor([float(offers[li].forced[0]) for li in layers], dtype=torch.float64)
+    cand = torch.tensor([float(offers[li].candidates[0]) for li, _ in owners], dtype=torch.float64)
+    forced = torch.tensor([float(offers[li].forced[0]) for li, _ in owners], dtype=torch.float64)
     order = value.argsort(descending=True, stable=True)
     order = order[value[order] > -math.inf]
     paid = cost[order].cumsum(0)
-    rows: dict[int, list[float]] = {li: [] for li in layers}
+    shares: list[list[float]] = [[] for _ in owners]
     for t in targets:
-        room = float((t * cand * groups).sum() - (forced * groups).sum())
-        kept = order[paid <= room]
-        bought = torch.zeros(len(layers), dtype=torch.float64).index_add_(
+        kept = order[paid <= float((t * cand - forced).sum())]
+        bought = torch.zeros(len(owners), dtype=torch.float64).index_add_(
             0, owner[kept], cost[kept]
         )
-        dens = (forced + bought / groups) / cand.clamp(min=1.0)
-        dens = shrink * t + (1.0 - shrink) * dens
-        for i, li in enumerate(layers):
-            rows[li].append(float(dens[i].clamp(1e-6, 1.0)))
-    return {li: tuple(r) for li, r in rows.items()}
+        dens = shrink * t + (1.0 - shrink) * (forced + bought) / cand.clamp(min=1.0)
+        for i, d in enumerate(dens.clamp(1e-6, 1.0).tolist()):
+            shares[i].append(d)
+    return {
+        li: tuple(tuple(shares[i]) for i, (lj, _) in enumerate(owners) if lj == li) for li in layers
+    }

@@ -186,7 +186,7 @@ def choose_blocks(
         scores,
         rows,
         ForcedRule.of(cfg),
-        cfg.density,
+        cfg.rates,
         start,
         end,
         dense_rows,
@@ -664,7 +664,7 @@ def decode_step(
         x = ScoreInputs(s.shape, q.device, rows, b, r, s, exact, q, keys, key_valid, scale)
         scores = method_scores(cfg, x)
         if all_valid:
-            sel = decode_row_selection(scores, cur, ForcedRule.of(cfg), cfg.density)
+            sel = decode_row_selection(scores, cur, ForcedRule.of(cfg), cfg.rates)
             if sel is not None:
                 return sel
         start, end = key_span(key_valid)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -140,7 +141,7 @@ def select_blocks(
     scores: torch.Tensor,
     q_blocks: torch.Tensor,
     rule: ForcedRule,
-    density: float,
+    density: float | Sequence[float],
     seq_start: torch.Tensor,
     seq_end: torch.Tensor,
     dense_rows: torch.Tensor | None = None,
@@ -154,7 +155,8 @@ def select_blocks(
     rows that hold real queries, the only ones counted in the density. budget: "layer" or "row"
     (module docstring); with a single row both are the same. row_group: consecutive query blocks
     (aligned to multiples of it) that share one list (query tiles of row_group blocks, see
-    group_budget_keep); needs the layer budget.
+    group_budget_keep); needs the layer budget. density: one for every group, or one per group
+    (a layer profile's, engine/layer_profile.py).
     """
     cand, forced, gid, rows = budget_masks(
         scores.shape, q_blocks, rule, seq_start, seq_end, dense_rows, real_rows, row_group
@@ -166,7 +168,16 @@ def select_blocks(
     elif budget == "layer" and scores.shape[2] > 1:
         keep = layer_budget_keep(scores, cand, forced, density)
     else:
-        keep = row_budget_keep(scores, cand, forced, rows, density)
+        rates = group_rates(density, scores.shape[1]).tolist()
+        keep = torch.cat(
+            [
+                row_budget_keep(scores[:, g : g + 1], cand, forced, rows, d)
+                for g, d in enumerate(rates)
+            ]
+            if len(set(rates)) > 1
+            else [row_budget_keep(scores, cand, forced, rows, rates[0])],
+            dim=1,
+        )
     keep = keep | forced[:, None]  # padding rows still get their forced blocks
     return selection_from_mask(keep, cand, rows)
 
@@ -193,25 +204,37 @@ def selection_from_mask(
     return BlockSelection(index.to(torch.int32), count.to(torch.int32).contiguous(), kept, total)
 
 
+def group_rates(density: float | Sequence[float], groups: int) -> torch.Tensor:
+    """[G] float64 densities: one for every group, or one per group (a layer profile's)."""
+    d = torch.as_tensor(density, dtype=torch.float64).reshape(-1)
+    if d.numel() not in (1, groups):
+        raise ValueError(f"{d.numel()} group densities for {groups} selection groups")
+    return d.expand(groups)
+
+
 def layer_budget_keep(
-    scores: torch.Tensor, cand: torch.Tensor, forced: torch.Tensor, density: float
+    scores: torch.Tensor,
+    cand: torch.Tensor,
+    forced: torch.Tensor,
+    density: float | Sequence[float],
 ) -> torch.Tensor:
     """[B, G, nq, nk] kept: forced blocks, then the highest scores anywhere in the layer until
-    density x candidate pairs are kept (per batch element and group). Where forced blocks alone
-    exceed the target, only they are kept."""
+    density x candidate pairs are kept (per batch element and group; density one for all groups
+    or one per group). Where forced blocks alone exceed the target, only they are kept."""
     bsz, groups, nq, nk = scores.shape
     free = cand & ~forced  # [B, nq, nk]
-    target = torch.floor(density * cand.sum((1, 2)).double() + 1e-9).long()  # [B], never over
-    room = (target - forced.sum((1, 2))).clamp(min=0)  # [B]
-    room = torch.minimum(room, free.sum((1, 2)))
+    dens = group_rates(density, groups)
+    target = torch.floor(dens * cand.sum((1, 2)).double()[:, None] + 1e-9).long()  # never over
+    room = (target - forced.sum((1, 2))[:, None]).clamp(min=0)  # [B, G]
+    room = torch.minimum(room, free.sum((1, 2))[:, None])
     kmax = int(room.max().item()) if room.numel() else 0
     keep = torch.zeros(bsz, groups, nq * nk, dtype=torch.bool, device=scores.device)
     if kmax > 0:
         inf = torch.tensor(float("-inf"), device=scores.device)
         ranked = torch.where(free[:, None], scores.float(), inf).view(bsz, groups, nq * nk)
         top = ranked.topk(kmax, dim=-1, sorted=True).indices  # best first
-        live = torch.arange(kmax, device=scores.device)[None, None, :] < room[:, None, None]
-        keep.scatter_(-1, top, live.expand(bsz, groups, kmax))
+        live = torch.arange(kmax, device=scores.device)[None, None, :] < room[:, :, None]
+        keep.scatter_(-1, top, live)
     return keep.view(bsz, groups, nq, nk) & free[:, None]
 
 
@@ -243,7 +266,7 @@ def group_budget_keep(
     cand: torch.Tensor,
     forced: torch.Tensor,
     gid: torch.Tensor,
-    density: float,
+    density: float | Sequence[float],
 ) -> torch.Tensor:
     """[B, G, nq, nk] kept when the rows of a tile (gid [nq]: tile of each row) share one list.
 
@@ -256,11 +279,12 @@ def group_budget_keep(
     ng = int(gid[-1]) + 1
     free = cand & ~forced  # [B, nq, nk]
     o = tile_offers(scores, cand, forced, gid)
-    target = torch.floor(density * o.candidates.double() + 1e-9).long()  # [B]
-    room = (target - o.forced).clamp(min=0)
+    dens = group_rates(density, groups)
+    target = torch.floor(dens * o.candidates.double()[:, None] + 1e-9).long()  # [B, G]
+    room = (target - o.forced[:, None]).clamp(min=0)
     order = o.value.argsort(dim=-1, descending=True, stable=True)
     paid = o.cost[:, None].expand(bsz, groups, -1).gather(-1, order).cumsum(-1)
-    live = (paid <= room[:, None, None].double()) & (o.value.gather(-1, order) > -math.inf)
+    live = (paid <= room[:, :, None].double()) & (o.value.gather(-1, order) > -math.inf)
     keep = torch.zeros(bsz, groups, ng * nk, dtype=torch.bool, device=scores.device)
     keep.scatter_(-1, order, live)
     return keep.view(bsz, groups, ng, nk)[:, :, gid] & free[:, None]
@@ -366,7 +390,11 @@ def _f32(x: float) -> float:
 
 
 def decode_row_selection(
-    scores: torch.Tensor, cur: int, rule: ForcedRule, density: float, start_block: int = 0
+    scores: torch.Tensor,
+    cur: int,
+    rule: ForcedRule,
+    density: float | Sequence[float],
+    start_block: int = 0,
 ) -> BlockSelection | None:
     """select_blocks for one decode row of sequences without padding, in a handful of ops.
 
@@ -386,8 +414,11 @@ def decode_row_selection(
     win_start = max(cur - rule.window_blocks, start_block)  # blocks win_start .. cur
     n_forced = (sink_end - start_block) + (cur - win_start + 1) - max(sink_end - win_start, 0)
     # row_budget with one row: ceil(rate * candidates - 1e-9) in float32, rate = density
-    want = math.ceil(_f32(_f32(_f32(density) * n_cand) - _f32(1e-9)))
-    budget = min(max(n_forced, want), n_cand)
+    budgets = [
+        min(max(n_forced, math.ceil(_f32(_f32(_f32(d) * n_cand) - _f32(1e-9)))), n_cand)
+        for d in group_rates(density, groups).tolist()
+    ]
+    budget = max(budgets)
     ranked = scores.float().clone()
     # forced first (+inf), then non-candidates last (-inf), as row_budget_keep ranks them
     ranked[..., win_start:] = float("inf")
@@ -396,6 +427,13 @@ def decode_row_selection(
     if start_block > 0:
         ranked[..., :start_block] = float("-inf")
     top = ranked.topk(budget, dim=-1, sorted=True).indices
-    index = top.sort(dim=-1).values.to(torch.int32)
-    count = torch.full((bsz, groups, 1), budget, dtype=torch.int32, device=scores.device)
-    return BlockSelection(index, count, bsz * groups * budget, bsz * groups * n_cand)
+    count = torch.tensor(budgets, dtype=torch.int32, device=scores.device).view(1, groups, 1)
+    if min(budgets) < budget:  # groups keep different counts: the rest of a list repeats its first
+        live = torch.arange(budget, device=scores.device) < count[..., None]
+        top = torch.where(live, top, nk).sort(dim=-1).values
+        top = torch.where(top < nk, top, top[..., :1])
+    index = (
+        top.sort(dim=-1).values.to(torch.int32) if min(budgets) == budget else top.to(torch.int32)
+    )
+    count = count.expand(bsz, groups, 1).contiguous()
+    return BlockSelection(index, count, bsz * sum(budgets), bsz * groups * n_cand)

@@ -62,7 +62,7 @@ class Session:
     counts: dict[str, list[int]] = field(default_factory=dict)
     # each sparse layer's density from the model's layer profile ({}: cfg.density everywhere);
     # None until the attention hook binds the model (bind_model)
-    layer_density: dict[int, float] | None = None
+    layer_density: dict[int, tuple[float, ...]] | None = None
     _layer_cfgs: dict[int, SketchWalkConfig] = field(default_factory=dict)
 
     def bind_model(self, model_config: object) -> None:
@@ -72,13 +72,16 @@ class Session:
             self.layer_density = layer_densities(self.cfg, model_config)
 
     def cfg_for(self, layer: int) -> SketchWalkConfig:
-        """The config a layer selects with: cfg, at the layer's profile density if it has one."""
+        """The config a layer selects with: cfg, at the layer's profile densities (one per
+        selection group, `density` their mean) if it has them."""
         d = (self.layer_density or {}).get(layer)
         if d is None:
             return self.cfg
         c = self._layer_cfgs.get(layer)
         if c is None:
-            c = self._layer_cfgs[layer] = self.cfg.with_(density=d)
+            mean = min(sum(d) / len(d), 1.0)
+            c = self.cfg.with_(density=mean, group_density=d if len(d) > 1 else ())
+            self._layer_cfgs[layer] = c
         return c
 
     def srht(self, layer: int, dim: int, device: torch.device) -> SRHT:

@@ -37,7 +37,7 @@ def _offers(gen: torch.Generator, groups: int, items: int, cand: int, forced: in
     return Offers(value, cost, torch.tensor([forced]), torch.tensor([cand]))
 
 
-def _brute(offers: dict[int, Offers], t: float) -> dict[int, float]:
+def _brute(offers: dict[int, Offers], t: float) -> dict[tuple[int, int], float]:
     """Greedy over every (layer, group, item), one at a time, best value first."""
     items = []
     for li, o in offers.items():
@@ -48,15 +48,16 @@ def _brute(offers: dict[int, Offers], t: float) -> dict[int, float]:
                     items.append((-v, li, g, i, float(o.cost[0, i])))
     room = sum((t * float(o.candidates[0]) - float(o.forced[0])) * o.value.shape[1]
                for o in offers.values())  # fmt: skip
-    spent, bought = 0.0, dict.fromkeys(offers, 0.0)
-    for _, li, _, _, c in sorted(items):
+    spent, bought = 0.0, {}
+    for _, li, g, _, c in sorted(items):
         if spent + c > room:
             break
         spent += c
-        bought[li] += c
+        bought[li, g] = bought.get((li, g), 0.0) + c
     return {
-        li: (float(o.forced[0]) + bought[li] / o.value.shape[1]) / float(o.candidates[0])
+        (li, g): (float(o.forced[0]) + bought.get((li, g), 0.0)) / float(o.candidates[0])
         for li, o in offers.items()
+        for g in range(o.value.shape[1])
     }
 
 
@@ -68,44 +69,50 @@ def test_allocate_matches_a_brute_force_greedy_and_keeps_the_mean(seed):
         for li in (2, 3, 5)
     }
     got = allocate(offers, targets=(0.2, 0.35, 0.5), shrink=0.0)
+    assert sorted(got) == [2, 3, 5] and all(len(got[li]) == 2 for li in got)
     for k, t in enumerate((0.2, 0.35, 0.5)):
         want = _brute(offers, t)
-        for li in offers:
-            assert got[li][k] == pytest.approx(want[li], abs=1e-9)
-            assert got[li][k] >= float(offers[li].forced[0]) / 60 - 1e-9  # forced always kept
-        mean = sum(got[li][k] for li in offers) / len(offers)
+        for (li, g), d in want.items():
+            assert got[li][g][k] == pytest.approx(d, abs=1e-9)
+            assert got[li][g][k] >= float(offers[li].forced[0]) / 60 - 1e-9  # forced always kept
+        mean = sum(want.values()) / len(want)
         assert t - 4 / 60 <= mean <= t + 1e-9  # never over; short by less than one item
     shrunk = allocate(offers, targets=(0.2,), shrink=0.5)
     for li in offers:
-        assert shrunk[li][0] == pytest.approx(0.5 * 0.2 + 0.5 * got[li][0])
+        for g in range(2):
+            assert shrunk[li][g][0] == pytest.approx(0.5 * 0.2 + 0.5 * got[li][g][0])
 
 
 def _profile(**rows) -> LayerProfile:
-    dens = {int(k[1:]): v for k, v in rows.items()}
+    dens = {int(k[1:]): tuple(v) for k, v in rows.items()}
     return LayerProfile("fp", (0.1, 0.2, 0.4), dens, "test")
+
+
+TWO = {"l2": [(0.15, 0.3, 0.5), (0.05, 0.1, 0.3)], "l3": [(0.05, 0.1, 0.3), (0.15, 0.3, 0.5)]}
 
 
 @settings(max_examples=60, deadline=None)
 @given(t=st.floats(min_value=1e-4, max_value=1.0))
 def test_a_profile_read_at_any_target_keeps_its_mean_and_range(t):
-    p = _profile(l2=(0.15, 0.3, 0.5), l3=(0.05, 0.1, 0.3))  # means 0.1, 0.2, 0.4
+    p = _profile(**TWO)  # means 0.1, 0.2, 0.4
     got = p.at(t)
     assert sorted(got) == [2, 3]
-    assert all(0.0 < v <= 1.0 for v in got.values())
-    assert sum(got.values()) / 2 == pytest.approx(t, abs=1e-6)
+    flat = [v for groups in got.values() for v in groups]
+    assert len(flat) == 4 and all(0.0 < v <= 1.0 for v in flat)
+    assert sum(flat) / 4 == pytest.approx(t, abs=1e-6)
 
 
 def test_a_profile_at_a_grid_target_is_its_row_and_moves_monotonically():
-    p = _profile(l2=(0.15, 0.3, 0.5), l3=(0.05, 0.1, 0.3))
-    assert p.at(0.2) == {2: 0.3, 3: 0.1}
-    assert p.at(0.3) == {2: pytest.approx(0.4), 3: pytest.approx(0.2)}
-    assert p.at(1.0) == {2: 1.0, 3: 1.0}
-    lows = [p.at(t)[3] for t in (0.01, 0.1, 0.15, 0.2, 0.3, 0.4, 0.7, 1.0)]
+    p = _profile(**TWO)
+    assert p.at(0.2) == {2: (0.3, 0.1), 3: (0.1, 0.3)}
+    assert p.at(0.3) == {2: pytest.approx((0.4, 0.2)), 3: pytest.approx((0.2, 0.4))}
+    assert p.at(1.0) == {2: (1.0, 1.0), 3: (1.0, 1.0)}
+    lows = [p.at(t)[3][0] for t in (0.01, 0.1, 0.15, 0.2, 0.3, 0.4, 0.7, 1.0)]
     assert lows == sorted(lows)
 
 
 def test_a_profile_round_trips_through_its_file(tmp_path):
-    p = _profile(l2=(0.15, 0.3, 0.5), l3=(0.05, 0.1, 0.3))
+    p = _profile(**TWO)
     path = save(p, tmp_path / "p.json")
     assert load(path) == p
     assert not list(tmp_path.glob("*.tmp"))
@@ -120,15 +127,17 @@ def test_a_profile_round_trips_through_its_file(tmp_path):
         lambda d: d.update(targets=[0.1, 0.2, 1.5]),
         lambda d: d.update(targets="0.2"),
         lambda d: d.update(densities={}),
-        lambda d: d.update(densities={"two": [0.1, 0.2, 0.3]}),
-        lambda d: d.update(densities={"2": [0.1, 0.2]}),
-        lambda d: d.update(densities={"2": [0.1, 0.0, 0.3]}),
-        lambda d: d.update(densities={"2": [0.1, float("nan"), 0.3]}),
-        lambda d: d.update(densities={"2": [0.1, True, 0.3]}),
+        lambda d: d.update(densities={"two": [[0.1, 0.2, 0.3]]}),
+        lambda d: d.update(densities={"2": [0.1, 0.2, 0.3]}),
+        lambda d: d.update(densities={"2": []}),
+        lambda d: d.update(densities={"2": [[0.1, 0.2]]}),
+        lambda d: d.update(densities={"2": [[0.1, 0.0, 0.3]]}),
+        lambda d: d.update(densities={"2": [[0.1, float("nan"), 0.3]]}),
+        lambda d: d.update(densities={"2": [[0.1, True, 0.3]]}),
     ],
 )
 def test_a_bad_profile_file_is_one_line_error(tmp_path, mutate):
-    d = _profile(l2=(0.15, 0.3, 0.5)).to_json()
+    d = _profile(**TWO).to_json()
     mutate(d)
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(d))
@@ -153,7 +162,7 @@ def test_the_users_profile_comes_before_the_shipped_one(tmp_path, monkeypatch):
     assert shipped, "a profile ships for the default model"
     fp = shipped[0].stem
     assert find(fp) == load(shipped[0])
-    mine = LayerProfile(fp, (0.2,), {2: (0.2,)}, "mine")
+    mine = LayerProfile(fp, (0.2,), {2: ((0.2,),)}, "mine")
     save(mine)
     assert find(fp) == mine
     assert find("no-such-architecture") is None
@@ -169,18 +178,22 @@ def test_the_default_model_finds_its_shipped_profile():
     profile = load(SHIPPED / f"{fp}.json")
     assert sorted(profile.densities) == list(range(2, 30))  # every sparse layer of the defaults
     assert profile.targets == TARGETS
-    at = profile.at(0.2)
-    assert sum(at.values()) / len(at) == pytest.approx(0.2, abs=1e-3)
-    assert max(at.values()) > 0.25 and min(at.values()) < 0.15  # not uniform
+    flat = [v for groups in profile.at(0.2).values() for v in groups]
+    assert len(flat) == 28 * 3  # one share per KV head
+    assert sum(flat) / len(flat) == pytest.approx(0.2, abs=1e-3)
+    assert max(flat) > 0.3 and min(flat) < 0.13  # not uniform
 
 
 def test_layer_densities_respect_the_knob_and_the_runs_dense_layers(tmp_path, monkeypatch):
     monkeypatch.setenv("SKETCHWALK_PROFILES", str(tmp_path))
     model = tiny_llama(layers=3)
-    save(LayerProfile(fingerprint(model.config), (0.2,), {1: (0.3,), 2: (0.1,)}, "t"))
+    shares = {1: ((0.3,), (0.2,)), 2: ((0.1,), (0.2,))}  # tiny_llama: 2 KV heads
+    save(LayerProfile(fingerprint(model.config), (0.2,), shares, "t"))
     auto = SketchWalkConfig(dense_layers=(0,))
-    assert layer_densities(auto, model.config) == {1: 0.3, 2: 0.1}
-    assert layer_densities(auto.with_(dense_layers=(0, 1)), model.config) == {2: 0.1}
+    assert layer_densities(auto, model.config) == {1: (0.3, 0.2), 2: (0.1, 0.2)}
+    assert layer_densities(auto.with_(dense_layers=(0, 1)), model.config) == {2: (0.1, 0.2)}
+    one = layer_densities(auto.with_(per_group=False), model.config)  # one selection per layer
+    assert one == {1: (pytest.approx(0.25),), 2: (pytest.approx(0.15),)}
     assert layer_densities(auto.with_(layer_profile="uniform"), model.config) == {}
     assert layer_densities(auto, None) == {}
     assert preset("paper").layer_profile == "uniform"
@@ -219,7 +232,8 @@ def test_a_run_follows_the_models_profile_at_the_same_mean(tmp_path, monkeypatch
     model = tiny_llama(layers=3)
     ids = torch.randint(1, 128, (1, 512), generator=torch.Generator().manual_seed(3))
     cfg = SketchWalkConfig(density=0.3, dense_layers=(0,), query_block=0)
-    save(LayerProfile(fingerprint(model.config), (0.3,), {1: (0.4,), 2: (0.2,)}, "t"))
+    shares = {1: ((0.45,), (0.35,)), 2: ((0.2,), (0.2,))}
+    save(LayerProfile(fingerprint(model.config), (0.3,), shares, "t"))
     auto, mean_auto = _prefill(model, cfg, ids)
     uniform, mean_uniform = _prefill(model, cfg.with_(layer_profile="uniform"), ids)
     assert auto[1] == pytest.approx(0.4, abs=0.02) and auto[2] == pytest.approx(0.2, abs=0.02)
@@ -238,7 +252,7 @@ def test_calibrating_a_tiny_model_gives_a_profile_its_runs_find(tmp_path, monkey
     assert profile.fingerprint == fingerprint(model.config)
     assert sorted(profile.densities) == [1, 2, 3]
     for i, t in enumerate(profile.targets):
-        row = [d[i] for d in profile.densities.values()]
+        row = [g[i] for groups in profile.densities.values() for g in groups]
         assert all(0.0 < v <= 1.0 for v in row)
         assert sum(row) / len(row) <= t + 1e-9 or min(row) > t  # over only where forced
     assert model.config._attn_implementation != "sketch_walk"  # put back as it was

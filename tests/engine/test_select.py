@@ -342,3 +342,46 @@ def test_tile_sums_equal_the_one_hot_product(q_blocks, r):
     assert torch.allclose(_tile_sums(x, gid), want, atol=1e-6)
     mask = x[0] > 0  # bool input, as the selection's masks
     assert torch.equal(_tile_sums(mask, gid), torch.einsum("gq,hqk->hgk", member, mask.float()))
+
+
+@pytest.mark.parametrize("budget,row_group", [("layer", 1), ("layer", 4), ("row", 1)])
+@pytest.mark.parametrize("seed", range(3))
+def test_one_density_per_group_selects_each_group_as_alone(budget, row_group, seed):
+    """A layer profile's per-group densities: each group's lists are exactly what that group
+    would get selected by itself at its own density, on every selection path."""
+    gen = torch.Generator().manual_seed(seed)
+    n, groups, b = 37, 3, 16
+    scores = torch.rand(2, groups, n, n, generator=gen)
+    rates = (0.12, 0.31, 0.2)
+    rule = ForcedRule(b, 0.0, 1, 0.0, 1)
+    args = (torch.arange(n), rule)
+    span = (torch.tensor([0, 40]), torch.tensor([n * b, n * b - 5]))
+    got = select_blocks(scores, *args, rates, *span, budget=budget, row_group=row_group)
+    mask = selection_mask(got, n)
+    kept = 0
+    for g, d in enumerate(rates):
+        one = select_blocks(
+            scores[:, g : g + 1], *args, d, *span, budget=budget, row_group=row_group
+        )
+        assert torch.equal(mask[:, g : g + 1], selection_mask(one, n)), (g, d)
+        kept += one.kept
+    assert got.kept == kept
+    with pytest.raises(ValueError, match="2 group densities for 3"):
+        select_blocks(scores, *args, (0.1, 0.2), *span, budget=budget, row_group=row_group)
+
+
+@pytest.mark.parametrize("cur", [0, 5, 63, 460])
+def test_decode_row_selection_with_one_density_per_group_equals_select_blocks(cur):
+    from sketchwalk.engine.select import decode_row_selection
+
+    rule = ForcedRule(16, 0.0, 1, 0.0, 1)
+    scores = torch.rand(2, 3, 1, cur + 1, generator=torch.Generator().manual_seed(cur))
+    rates = (0.1, 0.35, 0.2)
+    want = select_blocks(
+        scores, torch.tensor([cur]), rule, rates, torch.zeros(2, dtype=torch.long),
+        torch.full((2,), cur * 16 + 3),
+    )  # fmt: skip
+    got = decode_row_selection(scores, cur, rule, rates)
+    assert torch.equal(got.block_count, want.block_count)
+    assert torch.equal(got.block_index, want.block_index)  # sorted, padded alike
+    assert (got.kept, got.candidates) == (want.kept, want.candidates)
