@@ -23,7 +23,10 @@ def test_the_paper_preset_is_the_published_configuration():
 
 def test_every_knob_is_declared_with_help_and_presets_name_only_knobs():
     declared = {f.name for f, _ in knobs()}
-    assert declared == {f for f in SketchWalkConfig.__dataclass_fields__ if f != "extra"}
+    # not knobs: free-form extras, and the per-group densities the session sets for one layer
+    internal = {"extra", "group_density"}
+    assert declared == {f for f in SketchWalkConfig.__dataclass_fields__ if f not in internal}
+    assert "group_density" not in SketchWalkConfig().to_dict()  # never stored with a run
     assert all(k.help and k.group in ("basic", "advanced") for _, k in knobs())
     for values in PRESETS.values():
         assert set(values) <= declared
@@ -87,3 +90,14 @@ def test_query_block_counts_rows_per_list():
     assert SketchWalkConfig(block_size=64, query_block=64).rows_per_list == 1
     assert SketchWalkConfig(block_size=128, query_block=64).rows_per_list == 1
     assert SketchWalkConfig(block_size=16, query_block=64, budget="row").rows_per_list == 1
+
+
+@pytest.mark.parametrize("bad", [(0.2, 0.0), (0.2, 1.5), (float("nan"),), "ab", 3])
+def test_group_densities_are_checked_like_knobs(bad):
+    with pytest.raises(ConfigError, match="group densities"):
+        SketchWalkConfig(group_density=bad)
+
+
+def test_group_densities_are_what_a_layer_spends():
+    assert SketchWalkConfig(density=0.3).rates == 0.3
+    assert SketchWalkConfig(density=0.3, group_density=(0.2, 0.4)).rates == (0.2, 0.4)
