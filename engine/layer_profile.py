@@ -1,13 +1,13 @@
-"""Layer profiles: how a model's density budget is spread over its sparse layers.
+"""Layer profiles: how a model's density budget is spread over its sparse layers and KV heads.
 
-Why: one density for every layer spends the same on layers whose attention sits on a few blocks
-as on layers that spread it wide. Ranking the exact block masses of *all* layers together (one
-budget for the model instead of one per layer) gives the early layers of SmolLM2-135M about
-twice the middle layers' share, and selection with that spread, halfway back to uniform, lowered
-KL at density 0.2 on every text measured (docs/quality.md). A profile is calibrated once per
-model on a text with the dense model's exact attention (`sketchwalk calibrate`), stored as the
-per-layer densities at a grid of targets, and read at run time for any target, always keeping
-the mean over the sparse layers at the target, so the achieved density does not move.
+Why: one density everywhere spends the same on heads whose attention sits on a few blocks as on
+heads that spread it wide. Ranking the exact block masses of *all* layers and selection groups
+together (one budget for the model instead of one per layer) gives some of them three times the
+share of others, and selection with that spread, halfway back to uniform, lowered KL at density
+0.2 on every text measured (docs/quality.md). A profile is calibrated once per model on a text
+with the dense model's exact attention (`sketchwalk calibrate`), stored as the densities per
+layer and group at a grid of targets, and read at run time for any target, always keeping the
+mean at the target, so the achieved density does not move.
 
 Profiles are found by the model's architecture fingerprint, first in the user's directory
 ($SKETCHWALK_PROFILES, default ~/.cache/sketchwalk/profiles), then among the ones shipped here.

@@ -169,15 +169,17 @@ def select_blocks(
         keep = layer_budget_keep(scores, cand, forced, density)
     else:
         rates = group_rates(density, scores.shape[1]).tolist()
-        keep = torch.cat(
-            [
-                row_budget_keep(scores[:, g : g + 1], cand, forced, rows, d)
-                for g, d in enumerate(rates)
-            ]
-            if len(set(rates)) > 1
-            else [row_budget_keep(scores, cand, forced, rows, rates[0])],
-            dim=1,
-        )
+        if len(set(rates)) == 1:
+            keep = row_budget_keep(scores, cand, forced, rows, rates[0])
+        else:  # the row rate is calibrated per group: one group at a time
+            one = [scores[:, g : g + 1] for g in range(len(rates))]
+            keep = torch.cat(
+                [
+                    row_budget_keep(x, cand, forced, rows, d)
+                    for x, d in zip(one, rates, strict=True)
+                ],
+                dim=1,
+            )
     keep = keep | forced[:, None]  # padding rows still get their forced blocks
     return selection_from_mask(keep, cand, rows)
 
@@ -428,12 +430,8 @@ def decode_row_selection(
         ranked[..., :start_block] = float("-inf")
     top = ranked.topk(budget, dim=-1, sorted=True).indices
     count = torch.tensor(budgets, dtype=torch.int32, device=scores.device).view(1, groups, 1)
-    if min(budgets) < budget:  # groups keep different counts: the rest of a list repeats its first
-        live = torch.arange(budget, device=scores.device) < count[..., None]
-        top = torch.where(live, top, nk).sort(dim=-1).values
-        top = torch.where(top < nk, top, top[..., :1])
-    index = (
-        top.sort(dim=-1).values.to(torch.int32) if min(budgets) == budget else top.to(torch.int32)
-    )
+    live = torch.arange(budget, device=scores.device) < count[..., None]  # groups' own budgets
+    index = torch.where(live, top, nk).sort(dim=-1).values
+    index = torch.where(index < nk, index, index[..., :1]).to(torch.int32)  # tails repeat the first
     count = count.expand(bsz, groups, 1).contiguous()
     return BlockSelection(index, count, bsz * sum(budgets), bsz * groups * n_cand)
