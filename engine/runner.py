@@ -272,6 +272,11 @@ def _run(
         density_achieved=session.density("prefill"),
         density_achieved_all=session.density("prefill", sparse_only=False),
         density_decode=session.density("decode"),
+        # the layer profile's densities per layer and group this run selected with (None: the
+        # target everywhere), so a stored run says how its budget was spread
+        layer_densities={str(k): list(v) for k, v in session.layer_density.items()}
+        if session.layer_density
+        else None,
     )
     timings = {f"{k}_ms": v for k, v in session.timings.items()}
     timings.update(

@@ -156,3 +156,22 @@ def test_per_group_selection_records_each_group(tiny):
     one = SketchWalkConfig(block_size=16, per_group=False)
     plain = run(tiny, PROMPT, one, RunOptions(max_new_tokens=1))
     assert all(split_phase(r.phase)[1] is None for r in plain.layers)
+
+
+def test_a_run_records_the_layer_profile_it_selected_with(tiny, tmp_path, monkeypatch):
+    from sketchwalk.engine.layer_profile import LayerProfile, fingerprint, save
+
+    monkeypatch.setenv("SKETCHWALK_PROFILES", str(tmp_path))
+    cfg = SketchWalkConfig(block_size=16, density=0.3, dense_layers=(0,))
+    opts = RunOptions(max_new_tokens=2, record=True)
+    assert run(tiny, PROMPT, cfg, opts).metrics["layer_densities"] is None  # no profile yet
+    heads = tiny.model.config.num_key_value_heads
+    shares = {k: tuple((0.2 + 0.1 * k,) for _ in range(heads)) for k in (1, 2, 3)}
+    save(LayerProfile(fingerprint(tiny.model.config), (0.3,), shares, "t"))
+    res = run(tiny, PROMPT, cfg, opts)
+    want = {str(k): [pytest.approx(0.2 + 0.1 * k)] * heads for k in (1, 2, 3)}
+    assert res.metrics["layer_densities"] == want
+    targets = {r.layer: r.density_target for r in res.layers if r.phase == "prefill"}
+    assert targets[2] == pytest.approx(0.4) and targets[0] is None
+    uniform = run(tiny, PROMPT, cfg.with_(layer_profile="uniform"), opts)
+    assert uniform.metrics["layer_densities"] is None
