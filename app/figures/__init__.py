@@ -33,7 +33,12 @@ from sketchwalk.app.figures.masks import (
     mass_recall,
 )
 from sketchwalk.app.figures.needle import needle_strip, outline_blocks
-from sketchwalk.app.figures.preview import method_scores, preview_selection, selection_rule
+from sketchwalk.app.figures.preview import (
+    layer_target,
+    method_scores,
+    preview_selection,
+    selection_rule,
+)
 from sketchwalk.app.figures.speed import (
     STAGES,
     overall_speedup,
@@ -68,6 +73,7 @@ __all__ = [
     "find_misses",
     "heatmap_figure",
     "kept_density",
+    "layer_target",
     "kl_strip",
     "layer_curves",
     "layer_data",

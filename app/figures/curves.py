@@ -15,10 +15,24 @@ CURVES = {
 }
 
 
-def layer_curves(stats: pd.DataFrame, current_layer: int | None = None) -> go.Figure:
-    """Per-layer lines of one phase/step: achieved density, sketch/walk error, mass recall."""
+def layer_curves(
+    stats: pd.DataFrame, current_layer: int | None = None, targets: dict[int, float] | None = None
+) -> go.Figure:
+    """Per-layer lines of one phase/step: achieved density, sketch/walk error, mass recall, and
+    (a run with a layer profile) each sparse layer's target density, dashed."""
     fig = go.Figure()
     stats = stats.sort_values("layer")
+    if targets:
+        xs = sorted(targets)
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=[targets[x] for x in xs],
+                mode="lines",
+                name="target density (layer profile)",
+                line={"color": CURVES["density_achieved"][1], "dash": "dash"},
+            )
+        )
     for col, (name, colour) in CURVES.items():
         if col not in stats or stats[col].isna().all():
             continue

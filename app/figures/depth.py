@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 
 from sketchwalk.app.figures.common import OKABE_ITO, _arr, block_labels
 from sketchwalk.app.figures.heatmaps import heatmap_figure
-from sketchwalk.app.figures.preview import preview_selection
+from sketchwalk.app.figures.preview import layer_target, preview_selection
 
 
 def depth_matrices(
@@ -19,11 +19,13 @@ def depth_matrices(
     q_block: int,
     prompt_tokens: int,
     config: dict[str, Any],
+    metrics: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Row `q_block` of every sparse layer: [layers, n] sketch, walk, exact, selected, rescued.
 
     rescued = kept by the walk's selection but not by the same rule applied to the per-layer
-    estimate A_l alone: the blocks the walk brought in. Only layers with a walk are included.
+    estimate A_l alone, at the density the run aimed at in that layer (its layer profile's, from
+    the run's metrics): the blocks the walk brought in. Only layers with a walk are included.
     """
     ids, sk, wk, ex, sel, per_layer = [], [], [], [], [], []
     n = 0
@@ -38,7 +40,9 @@ def depth_matrices(
         ex.append(hm["exact"][q_block] if hm.get("exact") is not None else np.full(n, np.nan))
         sel.append(hm["selected"][q_block])
         per_layer.append(
-            preview_selection(hm["sketch"], prompt_tokens, config, _density(config))[q_block]
+            preview_selection(
+                hm["sketch"], prompt_tokens, config, layer_target(config, metrics, layer)
+            )[q_block]
         )
     if not ids:
         return {"layers": [], "n_blocks": 0}
@@ -56,10 +60,6 @@ def depth_matrices(
         "rescued": rescued,
         "rescued_mass": float(np.nansum(np.where(rescued, exact, 0.0))) / max(len(ids), 1),
     }
-
-
-def _density(config: dict[str, Any]) -> float:
-    return float(config.get("density", 0.2))
 
 
 def depth_figures(

@@ -54,6 +54,25 @@ def preview_selection(
     return selection_mask(sel, n)[0, 0].numpy()
 
 
+def layer_target(
+    config: dict[str, Any], metrics: dict[str, Any] | None, layer: int, group: int | None = None
+) -> float:
+    """The density a run's selection aimed at in `layer`: its layer profile's (the run's metrics
+    `layer_densities`, one per KV-head group; their mean for the whole layer, as the groups are
+    equal), else the run's density. Stored or imported metrics that do not parse give the latter."""
+    fallback = float(config.get("density", 0.2))
+    per = (metrics or {}).get("layer_densities") or {}
+    try:
+        values = [float(v) for v in per.get(str(layer)) or ()]
+    except (AttributeError, TypeError, ValueError):
+        return fallback
+    if not values or not all(0.0 < v <= 1.0 for v in values):
+        return fallback
+    if group is not None and 0 <= group < len(values):
+        return values[group]
+    return sum(values) / len(values)
+
+
 def method_scores(hm: dict[str, Any], method: str) -> np.ndarray | None:
     """The stored scores a method ranks blocks by (the registry's preview), None where a stored
     record cannot reproduce them (methods scoring raw queries and keys)."""

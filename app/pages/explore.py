@@ -203,7 +203,14 @@ def layer_panel(
 
     m = st.columns(5)
     m[0].metric("Achieved density", "dense" if row["dense"] else f"{row['density_achieved']:.3f}")
-    m[1].metric("Target density", f"{cfg.get('density', float('nan')):.3f}")
+    group_shown = split_phase(data_phase)[1]
+    target = figures.layer_target(cfg, run.get("metrics"), int(layer), group_shown)
+    m[1].metric(
+        "Target density",
+        f"{target:.3f}",
+        help="This layer's share of the run's density (its layer profile; the run's density "
+        "when the profile is uniform).",
+    )
     m[2].metric(
         "Sketch error (TV)", "–" if np.isnan(row["sketch_error"]) else f"{row['sketch_error']:.3f}"
     )
@@ -319,7 +326,7 @@ def density_preview(
             "What would be kept at this density?",
             0.01,
             1.0,
-            float(cfg.get("density", 0.2)),
+            min(1.0, max(0.01, round(figures.layer_target(cfg, run.get("metrics"), layer), 2))),
             0.01,
             key="ex_preview_density",
         )
@@ -369,14 +376,23 @@ def more_views(
     )
     if view == "Per-layer curves":
         cur = stats[(stats["phase"] == phase) & (stats["step"] == step)]
-        st.plotly_chart(figures.layer_curves(cur, layer), key="curves")
+        metrics = run.get("metrics") or {}
+        targets = (
+            {
+                int(x): figures.layer_target(cfg, metrics, int(x))
+                for x in cur.loc[~cur["dense"], "layer"]
+            }
+            if metrics.get("layer_densities")
+            else None
+        )
+        st.plotly_chart(figures.layer_curves(cur, layer, targets), key="curves")
     elif view == "Depth view (the walk)":
         q_block = st.number_input("Query block", 0, n - 1, n - 1, key="ex_depth_q")
         if phase != "prefill":
             st.caption("The depth view reads prefill layers; switch the phase to prefill.")
             return
         mats = [(x, widgets.heatmap(url, run_id, "prefill", 0, int(x))) for x in layers]
-        depth = figures.depth_matrices(mats, int(q_block), prompt_tokens, cfg)
+        depth = figures.depth_matrices(mats, int(q_block), prompt_tokens, cfg, run.get("metrics"))
         if not depth["layers"]:
             st.caption("No sparse layers with walk scores in this run.")
             return

@@ -154,6 +154,10 @@ def test_layer_curves_and_depth_view(stored):
     names = {t.name for t in fig.data}
     assert {"achieved density", "mass recall"} <= names
     assert len(fig.data[0].x) == len(stats)
+    targets = {3: 0.3, 2: 0.1}
+    dashed = figures.layer_curves(stats, 2, targets)
+    line = next(t for t in dashed.data if t.name == "target density (layer profile)")
+    assert list(line.x) == [2, 3] and list(line.y) == [0.1, 0.3]
     layers = [(int(x), store.heatmap(rid, "prefill", 0, int(x))) for x in stats["layer"]]
     n = layers[0][1]["n_blocks"]
     depth = figures.depth_matrices(layers, n - 1, run["prompt_tokens"], run["config"])
@@ -164,6 +168,38 @@ def test_layer_curves_and_depth_view(stored):
     dfigs = figures.depth_figures(depth, store.blocks(rid))
     assert set(dfigs) == {"sketch", "walk", "exact"}
     assert np.asarray(dfigs["walk"].data[0].z).shape == (len(sparse), n)
+
+
+def test_layer_target_reads_the_run_layer_profile():
+    config = {"density": 0.2}
+    metrics = {"layer_densities": {"3": [0.1, 0.2, 0.45]}}
+    assert figures.layer_target(config, metrics, 3) == pytest.approx(0.25)
+    assert figures.layer_target(config, metrics, 3, group=2) == pytest.approx(0.45)
+    assert figures.layer_target(config, metrics, 3, group=7) == pytest.approx(0.25)
+    assert figures.layer_target(config, metrics, 4) == 0.2  # a layer the profile leaves out
+    assert figures.layer_target(config, {"layer_densities": None}, 3) == 0.2  # uniform run
+    for bad in ({"3": "x"}, {"3": [0.0]}, {"3": [2.0]}, {"3": 5}, [1, 2]):
+        assert figures.layer_target(config, {"layer_densities": bad}, 3) == 0.2
+
+
+def test_depth_view_previews_each_layer_at_its_profile_density(stored):
+    """At a profile density of 1 the per-layer estimate alone keeps every candidate, so the
+    walk rescues nothing there; at the run's own density it matches the engine's choice."""
+    store, ids = stored
+    rid = ids["sketchwalk"]
+    run = store.get_run(rid)
+    stats = store.layer_stats(rid, "prefill")
+    layers = [(int(x), store.heatmap(rid, "prefill", 0, int(x))) for x in stats["layer"]]
+    n = layers[0][1]["n_blocks"]
+    sparse = stats[~stats["dense"]]["layer"].tolist()
+    full = {"layer_densities": {str(x): [1.0] for x in sparse}}
+    depth = figures.depth_matrices(layers, n - 1, run["prompt_tokens"], run["config"], full)
+    assert not depth["rescued"].any()
+    low = {"layer_densities": {str(x): [0.05] for x in sparse}}
+    sparse_depth = figures.depth_matrices(layers, n - 1, run["prompt_tokens"], run["config"], low)
+    plain = figures.depth_matrices(layers, n - 1, run["prompt_tokens"], run["config"])
+    # a lower per-layer density keeps fewer blocks alone, so at least as many are rescued
+    assert sparse_depth["rescued"].sum() >= plain["rescued"].sum()
 
 
 def test_decode_figure_rows_are_generated_tokens(stored):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from run_helpers import INJECTION, new_app, spec, tiny_config, z_array
 
-from sketchwalk.app import prompts
+from sketchwalk.app import figures, prompts
 from sketchwalk.store import open_store
 from sketchwalk.worker.loop import Worker, make_request
 
@@ -148,6 +148,9 @@ def test_explore_draws_the_layer_matrices_and_follows_the_slider(app_env):
     row = stats[stats["layer"] == layer].iloc[0]
     assert metrics["Achieved density"] == f"{row['density_achieved']:.3f}"
     assert metrics["Mass recall"] == f"{row['mass_recall']:.3f}"
+    run = store.get_run(rid)  # a tiny model has no layer profile: the run's density everywhere
+    target = figures.layer_target(run["config"], run["metrics"], layer)
+    assert metrics["Target density"] == f"{target:.3f}" == f"{run['config']['density']:.3f}"
 
     at.toggle(key="ex_log").set_value(False).run()
     at.select_slider(key="ex_layer").set_value(3).run()
@@ -190,6 +193,43 @@ def test_explore_preview_rethresholds_and_queues_a_real_rerun(app_env):
     assert new[0].request["config"]["density"] == 0.5
     assert new[0].request["prompt"] == run["prompt"]
     assert "Queued job" in at.success[0].value
+
+
+def test_explore_shows_each_layers_target_from_the_runs_layer_profile(
+    app_env, tmp_path, monkeypatch, tiny_model, models
+):
+    """A run under a layer profile: the layer's target density is its profile share, not the
+    run's density, and the per-layer curves draw the targets beside the achieved densities."""
+    from transformers import AutoConfig
+
+    from sketchwalk.engine.layer_profile import LayerProfile, fingerprint, save
+
+    monkeypatch.setenv("SKETCHWALK_PROFILES", str(tmp_path / "profiles"))
+    url = str(tmp_path / "profiled.duckdb")
+    monkeypatch.setenv("SKETCHWALK_DB", url)
+    model_config = AutoConfig.from_pretrained(tiny_model)
+    groups = model_config.num_key_value_heads
+    layers = range(2, model_config.num_hidden_layers)  # tiny_config keeps layers 0 and 1 dense
+    shares = {i: tuple((0.1 + 0.2 * (i % 2) + 0.05 * g,) for g in range(groups)) for i in layers}
+    save(LayerProfile(fingerprint(model_config), (0.2,), shares, "test"))
+    store = open_store(url)
+    job = store.enqueue_job(
+        make_request(prompts.license_text()[:1100], tiny_config(), tiny_model, 2)
+    )
+    Worker(store, models=models).drain()
+    run = store.get_run(store.get_job(job).run_id)
+    store.close()
+    assert run["metrics"]["layer_densities"]["3"] == pytest.approx([s[0] for s in shares[3]])
+
+    at = on_page(new_app().run(), "explore", run["id"])
+    at.select_slider(key="ex_layer").set_value(3).run()
+    want = sum(s[0] for s in shares[3]) / groups
+    assert {m.label: m.value for m in at.metric}["Target density"] == f"{want:.3f}"
+    at.radio(key="ex_view").set_value("Per-layer curves").run()
+    traces = {t["name"]: t for t in charts(at)["Per layer"]["data"]}
+    target = traces["target density (layer profile)"]
+    assert list(target["x"]) == list(layers)
+    assert target["y"][1] == pytest.approx(want)
 
 
 def test_explore_depth_and_decode_views(app_env):
