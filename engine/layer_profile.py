@@ -3,8 +3,8 @@
 Why: one density everywhere spends the same on heads whose attention sits on a few blocks as on
 heads that spread it wide. Ranking the exact block masses of *all* layers and selection groups
 together (one budget for the model instead of one per layer) gives some of them three times the
-share of others, and selection with that spread, halfway back to uniform, lowered KL at density
-0.2 on every text measured (docs/quality.md). A profile is calibrated once per model on a text
+share of others, and selection with that spread lowered KL at density 0.2 on every text
+measured (docs/quality.md). A profile is calibrated once per model on a text
 with the dense model's exact attention (`sketchwalk calibrate`), stored as the densities per
 layer and group at a grid of targets, and read at run time for any target, always keeping the
 mean at the target, so the achieved density does not move.
@@ -30,9 +30,6 @@ from .select import Offers
 
 FORMAT = 1
 TARGETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
-# The calibrated spread moved halfway back to uniform: measured on GPL-3 at density 0.2 the full
-# spread gave KL 0.0361, halfway 0.0343, uniform 0.0392 (docs/quality.md).
-SHRINK = 0.5
 SHIPPED = Path(__file__).with_name("profiles")
 
 
@@ -202,14 +199,15 @@ def layer_densities(cfg: Any, model_config: Any) -> dict[int, tuple[float, ...]]
 
 
 def allocate(
-    offers: dict[int, Offers], targets: tuple[float, ...] = TARGETS, shrink: float = SHRINK
+    offers: dict[int, Offers], targets: tuple[float, ...] = TARGETS
 ) -> dict[int, tuple[tuple[float, ...], ...]]:
     """Densities per layer, group and target from every sparse layer's offers (tile_offers of
     its exact block mass, batch element 0): the items of all layers and groups ranked together
     by value and bought while the whole model's room (target x candidates - forced, summed over
-    layers and groups) lasts, then each group's share moved `shrink` of the way back to the
-    target. Forced pairs are always in a share: where they alone exceed the room, nothing else
-    is bought."""
+    layers and groups) lasts; a group's share is its forced and bought pairs over its candidates
+    (the full spread: moved halfway back to the target, it did worse once groups had their own
+    shares, docs/quality.md). Forced pairs are always in a share: where they alone exceed the
+    room, nothing else is bought."""
     layers = sorted(offers)
     owners = [(li, g) for li in layers for g in range(offers[li].value.shape[1])]
     value = torch.cat([offers[li].value[0, g] for li, g in owners]).double()
@@ -228,7 +226,7 @@ def allocate(
         bought = torch.zeros(len(owners), dtype=torch.float64).index_add_(
             0, owner[kept], cost[kept]
         )
-        dens = shrink * t + (1.0 - shrink) * (forced + bought) / cand.clamp(min=1.0)
+        dens = (forced + bought) / cand.clamp(min=1.0)
         for i, d in enumerate(dens.clamp(1e-6, 1.0).tolist()):
             shares[i].append(d)
     return {
