@@ -214,20 +214,6 @@ def group_rates(density: float | Sequence[float], groups: int) -> torch.Tensor:
     return d.expand(groups)
 
 
-def group_rooms(target: torch.Tensor, forced: torch.Tensor) -> torch.Tensor:
-    """[B, G] pairs each group may add to its forced ones (forced [B], the same for every group):
-    its target [B, G] less the forced pairs. Where a group's forced pairs alone exceed its target
-    (a layer profile's smallest shares at short contexts), the other groups give up that excess
-    in proportion to their room, so the layer keeps the sum of its groups' targets where it can;
-    with one density for all groups nothing moves."""
-    room = target - forced[:, None]
-    over = (-room).clamp(min=0).sum(1, keepdim=True)
-    room = room.clamp(min=0)
-    total = room.sum(1, keepdim=True)
-    cut = torch.where(total > 0, over.double() / total.clamp(min=1).double(), 0.0).clamp(max=1.0)
-    return (room - torch.ceil(room.double() * cut - 1e-9).long()).clamp(min=0)  # never over
-
-
 def layer_budget_keep(
     scores: torch.Tensor,
     cand: torch.Tensor,
@@ -241,7 +227,7 @@ def layer_budget_keep(
     free = cand & ~forced  # [B, nq, nk]
     dens = group_rates(density, groups)
     target = torch.floor(dens * cand.sum((1, 2)).double()[:, None] + 1e-9).long()  # never over
-    room = group_rooms(target, forced.sum((1, 2)))  # [B, G]
+    room = (target - forced.sum((1, 2))[:, None]).clamp(min=0)  # [B, G]
     room = torch.minimum(room, free.sum((1, 2))[:, None])
     kmax = int(room.max().item()) if room.numel() else 0
     keep = torch.zeros(bsz, groups, nq * nk, dtype=torch.bool, device=scores.device)
@@ -297,7 +283,7 @@ def group_budget_keep(
     o = tile_offers(scores, cand, forced, gid)
     dens = group_rates(density, groups)
     target = torch.floor(dens * o.candidates.double()[:, None] + 1e-9).long()  # [B, G]
-    room = group_rooms(target, o.forced)
+    room = (target - o.forced[:, None]).clamp(min=0)
     order = o.value.argsort(dim=-1, descending=True, stable=True)
     paid = o.cost[:, None].expand(bsz, groups, -1).gather(-1, order).cumsum(-1)
     live = (paid <= room[:, :, None].double()) & (o.value.gather(-1, order) > -math.inf)
