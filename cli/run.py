@@ -163,6 +163,7 @@ def summarize(result, run_id: str | None, time_only: bool = False) -> dict:
         "density_achieved": m.get("density_achieved"),
         "density_achieved_all_layers": m.get("density_achieved_all"),
         "density_decode": m.get("density_decode"),
+        "layer_densities": m.get("layer_densities"),
         "top1_agreement": m.get("top1_agreement"),
         "kl_mean": m.get("kl_mean"),
         "ppl_dense": m.get("ppl_dense"),
@@ -177,6 +178,17 @@ def summarize(result, run_id: str | None, time_only: bool = False) -> dict:
     }
 
 
+def profile_line(layer_densities: dict | None) -> str:
+    """How the run spread its density: the layer profile's range of shares, or uniform."""
+    shares = [float(v) for groups in (layer_densities or {}).values() for v in groups]
+    if not shares:
+        return "layer profile  none: every sparse layer at the target"
+    return (
+        f"layer profile  {len(layer_densities)} sparse layers x {len(shares) // len(layer_densities)}"
+        f" groups, shares {min(shares):.3f}-{max(shares):.3f} (mean {sum(shares) / len(shares):.3f})"
+    )
+
+
 def print_human(s: dict) -> None:
     def f(x, spec=".4f"):
         return "-" if x is None else format(x, spec)
@@ -188,6 +200,7 @@ def print_human(s: dict) -> None:
         f"density  target {f(s['density_target'], '.3f')}  achieved {f(s['density_achieved'], '.3f')} (sparse layers)"
         f"  {f(s['density_achieved_all_layers'], '.3f')} (all layers)  decode {f(s['density_decode'], '.3f')}"
     )
+    print(profile_line(s["layer_densities"]))
     print(
         f"quality  KL {f(s['kl_mean'])}  top-1 {f(s['top1_agreement'], '.3f')}  "
         f"ppl {f(s['ppl_dense'], '.2f')} -> {f(s['ppl_sparse'], '.2f')}  generation KL {f(s['gen_kl_mean'])}"

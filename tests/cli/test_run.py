@@ -67,6 +67,42 @@ def test_run_json_on_tiny_model_is_stored(tiny_model_dir, tmp_path, capsys):
         )
 
 
+def test_run_says_how_its_layer_profile_spread_the_density(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    from transformers import AutoConfig
+
+    from sketchwalk.cli.run import profile_line
+    from sketchwalk.engine.layer_profile import LayerProfile, fingerprint, save
+
+    monkeypatch.setenv("SKETCHWALK_PROFILES", str(tmp_path))
+    model_config = AutoConfig.from_pretrained(tiny_model_dir)
+    groups = model_config.num_key_value_heads
+    layers = range(2, model_config.num_hidden_layers)
+    shares = {i: tuple((0.1 + 0.1 * g,) for g in range(groups)) for i in layers}
+    save(LayerProfile(fingerprint(model_config), (0.2,), shares, "test"))
+    argv = ["run", PROMPT, "--model", str(tiny_model_dir), "--block-size", "16"]
+    argv += ["--max-new-tokens", "2", "--no-store", "--no-record"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    want = {str(i): pytest.approx([g[0] for g in s]) for i, s in shares.items()}
+    assert out["layer_densities"] == want
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    top = 0.1 + 0.1 * (groups - 1)
+    assert (
+        f"layer profile  {len(layers)} sparse layers x {groups} groups, shares 0.100-{top:.3f}"
+        in text
+    )
+    assert main([*argv, "--layer-profile", "uniform"]) == 0
+    assert "layer profile  none: every sparse layer at the target" in capsys.readouterr().out
+    assert (
+        profile_line(None)
+        == profile_line({})
+        == "layer profile  none: every sparse layer at the target"
+    )
+
+
 @pytest.mark.parametrize(
     "argv, words",
     [
