@@ -2,7 +2,7 @@
 
 Why: one density everywhere spends the same on heads whose attention sits on a few blocks as on
 heads that spread it wide. Ranking the exact block masses of *all* layers and selection groups
-together (one budget for the model instead of one per layer) gives some of them three times the
+together (one budget for the model instead of one per layer) gives some of them ten times the
 share of others, and selection with that spread lowered KL at density 0.2 on every text
 measured (docs/quality.md). A profile is calibrated once per model on a text
 with the dense model's exact attention (`sketchwalk calibrate`), stored as the densities per
