@@ -4,10 +4,11 @@ Why: one density everywhere spends the same on heads whose attention sits on a f
 heads that spread it wide. Ranking the exact block masses of *all* layers and selection groups
 together (one budget for the model instead of one per layer) gives some of them ten times the
 share of others, and selection with that spread lowered KL at density 0.2 on every text
-measured (docs/quality.md). A profile is calibrated once per model on a text
-with the dense model's exact attention (`sketchwalk calibrate`), stored as the densities per
-layer and group at a grid of targets, and read at run time for any target, always keeping the
-mean at the target, so the achieved density does not move.
+measured (docs/quality.md). A profile is calibrated once per model on a text with the dense
+model's exact attention (`sketchwalk calibrate`), stored as the densities per layer and group at
+a grid of targets, and read at run time for any target, always keeping the mean at the target,
+so the achieved density does not move (except where a small share is below what a short
+context's forced blocks take: that group keeps them, a little over its share).
 
 Profiles are found by the model's architecture fingerprint, first in the user's directory
 ($SKETCHWALK_PROFILES, default ~/.cache/sketchwalk/profiles), then among the ones shipped here.
