@@ -22,8 +22,7 @@ def sketch_walk_attention(
     """transformers attention interface: q [B,H,Lq,D], k/v [B,Hkv,Lk,D] -> out [B,Lq,H,D]."""
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     session = current_session()
-    if session.layer_density is None:
-        session.bind_model(getattr(module, "config", None))
+    session.bind_model(getattr(module, "config", None))  # once per session: reads the profile
     out = session.attend(module.layer_idx, query, key, value, attention_mask, scale)
     return out.transpose(1, 2).contiguous(), None
 

@@ -35,7 +35,8 @@ class Pass:
     first_token: int
 
 
-def _keep_kw(model: torch.nn.Module) -> dict:
+def last_logits_only(model: torch.nn.Module) -> dict:
+    """Forward kwargs that skip the LM head on every position but the last, where supported."""
     params = inspect.signature(model.forward).parameters
     return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
@@ -51,7 +52,7 @@ def one_pass(
     """Prefill then greedy decode; returns prefill ms, per-token decode ms, the first new token."""
     kw = cache_kwarg(model)
     start = new_cache(model)
-    keep = {} if all_logits else _keep_kw(model)
+    keep = {} if all_logits else last_logits_only(model)
     dev = ids.device
     t0 = now_ms(dev)
     out = model(ids, use_cache=True, **keep, **start)

@@ -16,6 +16,7 @@ from sketchwalk.engine.pipeline import key_span
 from sketchwalk.engine.recorder import LayerStep, RecorderOptions
 from sketchwalk.engine.select import ForcedRule, Offers, budget_masks, tile_offers
 from sketchwalk.engine.session import sketch_walk_session
+from sketchwalk.engine.timing import last_logits_only
 from sketchwalk.errors import SketchWalkError
 
 
@@ -66,7 +67,7 @@ def calibrate(
     model.set_attn_implementation(NAME)
     try:
         with sketch_walk_session(cfg.with_(method="dense"), recorder=collector):
-            model(ids, logits_to_keep=1)
+            model(ids, **last_logits_only(model))  # attention is all it reads
     finally:
         model.set_attn_implementation(previous)
     if not collector.offers:
