@@ -10,7 +10,8 @@ is what `sketchwalk bench model` times repeatedly, and what a run adds to its su
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -94,6 +95,18 @@ def register_timed_sdpa() -> str:
     return TIMED_SDPA
 
 
+@contextmanager
+def timed_dense(model: torch.nn.Module) -> Iterator[Callable[[], float]]:
+    """The model on its own SDPA, timed, inside the block; yields a reader of the dense attention
+    ms spent since entry (the model is back on plain SDPA after, whatever happens)."""
+    model.set_attn_implementation(register_timed_sdpa())
+    start = _dense_attention_ms[0]
+    try:
+        yield lambda: _dense_attention_ms[0] - start
+    finally:
+        model.set_attn_implementation("sdpa")
+
+
 def run_variant(
     model: torch.nn.Module,
     ids: torch.Tensor,
@@ -104,18 +117,15 @@ def run_variant(
 ) -> Pass:
     """cfg None: the model's own SDPA; else Sketch&Walk with no recorder."""
     if cfg is None:
-        model.set_attn_implementation(register_timed_sdpa())
-        _dense_attention_ms[0] = 0.0
         pre: list[float] = []
-        try:
+        with timed_dense(model) as attention_ms:
             prefill, steps, first = one_pass(
-                model, ids, new_tokens, all_logits, lambda: pre.append(_dense_attention_ms[0])
+                model, ids, new_tokens, all_logits, lambda: pre.append(attention_ms())
             )
-        finally:
-            model.set_attn_implementation("sdpa")
+            total = attention_ms()
         stages = {"prefill_attention": pre[0]}
         if new_tokens:
-            stages["decode_attention"] = (_dense_attention_ms[0] - pre[0]) / new_tokens
+            stages["decode_attention"] = (total - pre[0]) / new_tokens
         return Pass(prefill, steps, stages, first)
     model.set_attn_implementation(NAME)
     try:

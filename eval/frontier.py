@@ -4,7 +4,8 @@ selection there is can be read off one table.
 
 The oracle ranks blocks by their exact attention mass (a dense softmax): at a given block size,
 granularity and density it is the best a block estimator can hope for. `distance_to_oracle`
-pairs each method's cell with the oracle's at the same settings.
+pairs each method's cell with the oracle's at the same settings, and says what each cell's
+selection cost against the dense model's attention (fidelity is bought with selection time).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from sketchwalk.errors import SketchWalkError
 
 from .grid import GridSpec
+from .report import selection_share
 
 GRANULARITIES = {"layer": False, "group": True}  # name -> per_group
 
@@ -84,16 +86,18 @@ def distance_to_oracle(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 "kl_oracle": okl,
                 "kl_gap": None if kl is None or okl is None else kl - okl,
                 "ppl_gap_pct": None if not ppl or not oppl else 100.0 * (ppl / oppl - 1.0),
+                "selection_share": selection_share(r),
             }
         )
     return out
 
 
 def format_frontier(rows: Iterable[dict[str, Any]]) -> str:
-    """A plain table: one line per (variant, method, density), oracle first in each variant."""
+    """A plain table: one line per (variant, method, density), oracle first in each variant;
+    `selection` is the cell's selection time over the dense model's attention time."""
     lines = [
         f"{'variant':12s} {'method':11s} {'target':>6s} {'achieved':>8s} {'KL':>7s} "
-        f"{'top-1':>6s} {'ppl':>14s} {'KL-oracle':>9s}"
+        f"{'top-1':>6s} {'ppl':>14s} {'KL-oracle':>9s} {'selection':>9s}"
     ]
     ranked = sorted(
         distance_to_oracle(rows),
@@ -115,6 +119,7 @@ def format_frontier(rows: Iterable[dict[str, Any]]) -> str:
         lines.append(
             f"{r['variant']:12s} {r['method']:11s} {r['density_target']:6.2f} "
             f"{f(r['density_achieved'], '8.3f')} {f(r['kl_mean'], '7.4f')} "
-            f"{f(r['top1_agreement'], '6.3f')} {ppl:>14s} {f(r['kl_gap'], '+9.4f')}"
+            f"{f(r['top1_agreement'], '6.3f')} {ppl:>14s} {f(r['kl_gap'], '+9.4f')} "
+            f"{f(r['selection_share'], '9.1%')}"
         )
     return "\n".join(lines)

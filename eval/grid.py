@@ -30,6 +30,7 @@ from sketchwalk.engine.metrics import kl_per_position, token_logprobs
 from sketchwalk.engine.models import LoadedModel
 from sketchwalk.engine.runner import Decoded, greedy
 from sketchwalk.engine.session import Session, sketch_walk_session
+from sketchwalk.engine.timing import timed_dense
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.eval.items import Item
 from sketchwalk.eval.retrieval import is_correct
@@ -46,13 +47,17 @@ class Pass:
     ms: float
     text: str  # the greedy continuation, decoded
     counts: dict[str, list[int]] = field(default_factory=dict)
+    stages: dict[str, float] = field(default_factory=dict)  # ms: attention, sketch, walk, select
 
 
 def dense_pass(lm: LoadedModel, ids: torch.Tensor, new_tokens: int) -> Pass:
-    lm.model.set_attn_implementation("sdpa")
-    t0 = time.perf_counter()
-    dec = greedy(lm.model, ids.to(lm.device), new_tokens, lm.tokenizer.eos_token_id)
-    return Pass(dec, (time.perf_counter() - t0) * 1e3, _text(lm, dec))
+    """The model's own SDPA, its attention timed (what a method's selection is measured against)."""
+    with timed_dense(lm.model) as attention_ms:
+        t0 = time.perf_counter()
+        dec = greedy(lm.model, ids.to(lm.device), new_tokens, lm.tokenizer.eos_token_id)
+        ms = (time.perf_counter() - t0) * 1e3
+        stages = {"attention": attention_ms()}
+    return Pass(dec, ms, _text(lm, dec), stages=stages)
 
 
 def sparse_pass(
@@ -71,7 +76,7 @@ def sparse_pass(
             ms = (time.perf_counter() - t0) * 1e3
     finally:
         lm.model.set_attn_implementation("sdpa")
-    return Pass(dec, ms, _text(lm, dec), _counts(session))
+    return Pass(dec, ms, _text(lm, dec), _counts(session), dict(session.timings))
 
 
 def _text(lm: LoadedModel, dec: Decoded) -> str:
@@ -122,6 +127,7 @@ class Cell:
         dd, sd = dense.decoded, sparse.decoded
         s = lm_sums(dd.prompt_hidden, sd.prompt_hidden, item.ids[0], dd.logits)
         s["dense_ms"], s["sparse_ms"] = dense.ms, sparse.ms
+        s.update(stage_sums(dense, sparse))
         s["tokens"] = float(item.ids.shape[1])
         detail = {"label": item.label, "tokens": item.ids.shape[1]}
         if item.answer is not None:
@@ -167,8 +173,26 @@ class Cell:
             "dense_ms": s.get("dense_ms", 0.0) / max(n_items, 1),
             "sparse_ms": s.get("sparse_ms", 0.0) / max(n_items, 1),
             "config": self.config,
-            "extra": {"items": self.items, "device": str(lm.device), "versions": _versions()},
+            "extra": {
+                "items": self.items,
+                "device": str(lm.device),
+                "versions": _versions(),
+                "timings": {k: s.get(k, 0.0) / max(n_items, 1) for k in TIMING_KEYS},
+            },
         }
+
+
+TIMING_KEYS = ("dense_attention_ms", "sparse_attention_ms", "selection_ms")
+
+
+def stage_sums(dense: Pass, sparse: Pass) -> dict[str, float]:
+    """The dense model's attention ms, the sparse pass's attention ms and its selection ms (every
+    other stage: sketch and estimate, walk, select), so a cell shows what its selection costs."""
+    return {
+        "dense_attention_ms": dense.stages.get("attention", 0.0),
+        "sparse_attention_ms": sparse.stages.get("attention", 0.0),
+        "selection_ms": sum(v for k, v in sparse.stages.items() if k != "attention"),
+    }
 
 
 def _ratio(c: list[int] | None, at: int) -> float | None:

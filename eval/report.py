@@ -31,6 +31,7 @@ COLUMNS = (
     ("top1_agreement", "top1", "{:.3f}"),
     ("acc_dense", "acc_d", "{:.2f}"),
     ("acc_sparse", "acc_s", "{:.2f}"),
+    ("selection_share", "select", "{:.1%}"),
 )
 
 
@@ -49,6 +50,16 @@ def ppl_increase_pct(row: dict) -> float | None:
     return None if d is None or s is None or d == 0 else (s / d - 1.0) * 100.0
 
 
+def selection_share(row: dict[str, Any]) -> float | None:
+    """A cell's selection time (sketch and estimate, walk, select) over the dense model's
+    attention time on the same prompts, from the timings the grid keeps in `extra`; None for
+    rows stored before they were kept. One pass each: as noisy as the machine. Every method
+    computes the sketch's estimate (decode and the explorer read it), so peers pay for it too."""
+    t = (row.get("extra") or {}).get("timings") or {}
+    dense = t.get("dense_attention_ms")
+    return t["selection_ms"] / dense if dense and t.get("selection_ms") is not None else None
+
+
 def _sort_key(row: dict) -> tuple:
     m = row.get("method")
     rank = METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER)
@@ -56,8 +67,11 @@ def _sort_key(row: dict) -> tuple:
 
 
 def with_derived(rows: Iterable[dict]) -> list[dict]:
-    """Rows (sorted) with ppl_increase_pct added."""
-    out = [dict(r, ppl_increase_pct=ppl_increase_pct(r)) for r in rows]
+    """Rows (sorted) with ppl_increase_pct and selection_share added."""
+    out = [
+        dict(r, ppl_increase_pct=ppl_increase_pct(r), selection_share=selection_share(r))
+        for r in rows
+    ]
     return sorted(out, key=_sort_key)
 
 

@@ -60,6 +60,7 @@ def table(df: pd.DataFrame) -> pd.DataFrame:
         "top1_agreement",
         "acc_dense",
         "acc_sparse",
+        "selection_share",
         "eval_id",
     ]
     out = out[[c for c in cols if c in out.columns]].copy()
@@ -83,6 +84,7 @@ def oracle_gaps(rows: list[dict]) -> pd.DataFrame:
     paired = [r for r in distance_to_oracle(rows) if r["kl_oracle"] is not None]
     cols = ["length", "variant", "method", "density_target", "density_achieved", "kl_mean"]
     cols += ["kl_oracle", "kl_gap", "top1_agreement", "ppl_sparse", "ppl_gap_pct"]
+    cols += ["selection_share"]
     return pd.DataFrame(paired, columns=cols)
 
 
@@ -186,7 +188,11 @@ if not gaps.empty and (gaps["method"] != "oracle").any():
         "The oracle keeps the blocks with the most exact attention mass (a dense softmax): at a "
         "block size (b16, b32, ...), granularity (one selection per layer or per KV-head group) "
         "and density it is the best block selection there is. KL gap = a method's KL minus the "
-        "oracle's in the same cell; `sketchwalk frontier` fills these cells."
+        "oracle's in the same cell; selection share = the time of the sketch (with the block "
+        "estimate), walk and select stages over the dense model's attention time on the same "
+        "prompts. Every method computes the sketch's estimate (decode and the explorer read it), "
+        "so the peers' share includes it too. One pass each, so as noisy as the machine; empty "
+        "for cells stored before it was kept. `sketchwalk frontier` fills these cells."
     )
     st.dataframe(gaps, hide_index=True, key="bm_frontier")
 

@@ -73,3 +73,31 @@ def test_a_clean_run_generates_what_a_recorded_run_generates_bit_for_bit(tiny):
     assert recorded.sparse_text == clean.sparse_text
     for key in ("kl_mean", "ppl_sparse", "density_achieved", "density_decode"):
         assert recorded.metrics[key] == clean.metrics[key], key
+
+
+def test_timed_dense_counts_from_entry_and_always_restores_plain_sdpa(tiny):
+    """The timed SDPA gives the dense model's own outputs, counts only what ran inside its block
+    (earlier timed passes do not leak in), and leaves the model on plain SDPA even on error."""
+    import torch
+
+    from sketchwalk.engine.timing import timed_dense
+
+    ids = tiny.tokenizer(PROMPT, return_tensors="pt", add_special_tokens=False).input_ids
+    model = tiny.model
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        plain = model(ids).logits
+        with timed_dense(model) as attention_ms:
+            timed = model(ids).logits
+            one = attention_ms()
+            model(ids)
+            two = attention_ms()
+        with timed_dense(model) as again:
+            assert again() == 0.0
+            model(ids)
+            assert again() > 0
+    assert torch.equal(plain, timed) and 0 < one < two
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(RuntimeError, match="boom"), timed_dense(model):
+        raise RuntimeError("boom")
+    assert model.config._attn_implementation == "sdpa"

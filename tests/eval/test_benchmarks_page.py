@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -84,11 +85,12 @@ def test_frontier_cells_show_their_distance_to_the_oracle(db):
     for block, oracle_kl, sw_kl in ((16, 0.02, 0.05), (32, 0.03, 0.09)):
         cfg = {"block_size": block, "per_group": True}
         for method, kl in (("oracle", oracle_kl), ("sketchwalk", sw_kl)):
+            timings = {"dense_attention_ms": 200.0, "selection_ms": block * 2.0}
             out.append(
                 dict(eval_id="f", model_id="smollm2", task="lm", source="gpl-3", length=2048,
                      method=method, phases="prefill", density_target=0.2, density_achieved=0.2,
                      n_items=1, n_tokens=2048, ppl_dense=10.0, ppl_sparse=10.0 + 10 * kl,
-                     kl_mean=kl, config=cfg)
+                     kl_mean=kl, config=cfg, extra={} if block == 32 else {"timings": timings})
             )  # fmt: skip
     with open_store(db) as store:
         store.save_eval_results(out)
@@ -100,6 +102,11 @@ def test_frontier_cells_show_their_distance_to_the_oracle(db):
     sw = gaps[gaps["method"] == "sketchwalk"].set_index("variant")
     assert sw.loc["b16 group", "kl_gap"] == pytest.approx(0.03)
     assert sw.loc["b32 group", "kl_gap"] == pytest.approx(0.06)
+    # what the selection cost beside the dense attention; cells stored without timings: empty
+    assert sw.loc["b16 group", "selection_share"] == pytest.approx(32.0 / 200.0)
+    assert sw.loc["b32 group", "selection_share"] is None or pd.isna(
+        sw.loc["b32 group", "selection_share"]
+    )
 
 
 def test_queue_a_small_eval_shows_progress_then_its_rows(db, monkeypatch, tiny_model, models):

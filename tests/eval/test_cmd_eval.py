@@ -58,7 +58,9 @@ def test_grid_completes_and_writes_the_expected_rows(tiny_model_dir, tmp_path, c
     html = (out / "quality.html").read_text()
     assert html.count("plotly-graph-div") >= 3 and "gpl-3" in html and "256 tokens" in html
     table = eval_report.format_table(printed)
-    assert "quest" in table and "acc_s" in table
+    assert "quest" in table and "acc_s" in table and "select" in table.splitlines()[0]
+    # every sparse cell timed its selection against the dense model's attention, prefill and decode
+    assert all(eval_report.selection_share(r) > 0 for r in sparse.to_dict("records"))
 
 
 @pytest.mark.parametrize(
@@ -93,3 +95,4 @@ def test_report_helpers():
     assert eval_report.within(rows, "sketchwalk", pct=0.2) == {("lm", "s", 9): 0.3}
     lines = eval_report.format_table(rows).splitlines()
     assert "quest" in lines[-1] and "+3.00" in lines[1] and "acc_s" not in lines[0]
+    assert "select" not in lines[0]  # rows without timings (stored before they were kept)

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from sketchwalk.cli.main import main
-from sketchwalk.eval.frontier import distance_to_oracle, variant_label
+from sketchwalk.eval.frontier import distance_to_oracle, format_frontier, variant_label
+from sketchwalk.eval.report import selection_share
 
 
 def test_frontier_cells_pair_every_method_with_the_oracle(tiny_model, tmp_path, capsys):
@@ -27,16 +28,25 @@ def test_frontier_cells_pair_every_method_with_the_oracle(tiny_model, tmp_path, 
         if r["method"] == "oracle":
             assert r["kl_gap"] == 0.0
         assert r["config"]["block_size"] == int(r["variant"][1:3])
+        # each cell timed its selection against the dense model's attention on the same prompt
+        t = r["extra"]["timings"]
+        assert t["dense_attention_ms"] > 0 and t["sparse_attention_ms"] > 0
+        assert (
+            t["selection_ms"] > 0
+            and r["selection_share"] == t["selection_ms"] / t["dense_attention_ms"]
+        )
     from sketchwalk.store import open_store
 
     with open_store(str(db)) as store:
         stored = store.eval_results()
     assert len(stored) == len(rows) == 12
     assert {variant_label(c) for c in stored["config"]} == variants
+    assert all(selection_share(r) > 0 for r in stored.to_dict("records"))
 
 
 def test_distance_to_oracle_is_the_gap_at_the_same_cell():
     base = dict(model_id="m", task="lm", source="s", length=8, density_target=0.2)
+    base.update(density_achieved=0.2, top1_agreement=0.9, ppl_dense=9.0)
     cfg16 = {"block_size": 16, "per_group": True}
     rows = [
         {**base, "method": "oracle", "kl_mean": 0.1, "ppl_sparse": 10.0, "config": cfg16},
@@ -44,9 +54,24 @@ def test_distance_to_oracle_is_the_gap_at_the_same_cell():
         {**base, "method": "sketchwalk", "kl_mean": 0.5, "ppl_sparse": 12.0,
          "config": {"block_size": 32, "per_group": True}},
     ]  # fmt: skip
+    rows[1]["extra"] = {"timings": {"dense_attention_ms": 400.0, "selection_ms": 100.0}}
     out = distance_to_oracle(rows)
     assert out[1]["kl_gap"] == pytest.approx(0.2) and out[1]["ppl_gap_pct"] == pytest.approx(10.0)
     assert out[2]["kl_gap"] is None  # no oracle at block 32
+    assert out[1]["selection_share"] == pytest.approx(0.25)
+    assert out[0]["selection_share"] is None  # a row stored before the timings were kept
+    table = format_frontier(rows).splitlines()
+    assert table[0].split()[-1] == "selection"
+    assert [line.split()[-1] for line in table[1:]] == ["-", "25.0%", "-"]
+
+
+@pytest.mark.parametrize(
+    "timings",
+    [{}, {"dense_attention_ms": 0.0, "selection_ms": 5.0}, {"dense_attention_ms": 10.0}],
+)
+def test_selection_share_is_none_without_a_dense_time_to_divide_by(timings):
+    assert selection_share({"extra": {"timings": timings}}) is None
+    assert selection_share({"extra": None}) is None
 
 
 @pytest.mark.parametrize(
