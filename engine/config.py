@@ -285,6 +285,15 @@ class SketchWalkConfig:
         """Methods that switch the walk off (nowalk: the per-layer baseline) read beta as 0."""
         return self.beta if self.method_spec.walks else 0.0
 
+    def for_estimate(self, recorded: bool) -> SketchWalkConfig:
+        """The config a layer's sketch runs with: this one, or, when neither the method's scores
+        nor a recorder read the block estimate (streaming, quest, xattention, oracle), the
+        cheapest estimate (block means), so such a method's time does not include an estimate
+        it never uses. Their selections are the same either way."""
+        if recorded or self.method_spec.reads_sketch or self.estimator == "mean":
+            return self
+        return self.with_(estimator="mean", query_samples=0)
+
     def sparse_in(self, phase: str) -> bool:
         return self.method != "dense" and self.phases in (phase, "both")
 

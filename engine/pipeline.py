@@ -262,9 +262,11 @@ def prefill_plan(
 def prefill_selection(
     q: torch.Tensor, k: torch.Tensor, cfg: SketchWalkConfig, layer: int, state: object = None
 ) -> BlockSelection:
-    """Block index lists for one prefill layer (the benchmark's entry: no padding, fresh walk)."""
+    """Block index lists for one prefill layer (the benchmark's entry: no padding, fresh walk,
+    nothing recorded)."""
     from .sketch import make_srht
 
+    cfg = cfg.for_estimate(recorded=False)
     srht = make_srht(q.shape[-1], cfg.sketch_dim, cfg.seed, layer).to(q.device)
     exact = layer_exact(q, k, None, None, cfg) if cfg.method_spec.needs_exact else None
     return prefill_plan(q, k, cfg, srht, prev_walk=state, exact=exact).selection

@@ -73,15 +73,18 @@ class Session:
 
     def cfg_for(self, layer: int) -> SketchWalkConfig:
         """The config a layer selects with: cfg, at the layer's profile densities (one per
-        selection group, `density` their mean) if it has them."""
-        d = (self.layer_density or {}).get(layer)
-        if d is None:
-            return self.cfg
+        selection group, `density` their mean) if it has them, with the estimate its method
+        and the recorder need (SketchWalkConfig.for_estimate)."""
         c = self._layer_cfgs.get(layer)
         if c is None:
-            mean = min(sum(d) / len(d), 1.0)
-            c = self.cfg.with_(density=mean, group_density=d if len(d) > 1 else ())
-            self._layer_cfgs[layer] = c
+            c = self.cfg
+            d = (self.layer_density or {}).get(layer)
+            if d is not None:
+                mean = min(sum(d) / len(d), 1.0)
+                c = c.with_(density=mean, group_density=d if len(d) > 1 else ())
+            c = c.for_estimate(recorded=self.recorder is not None)
+            if self.layer_density is not None:  # bound: the layer's config is final
+                self._layer_cfgs[layer] = c
         return c
 
     def srht(self, layer: int, dim: int, device: torch.device) -> SRHT:

@@ -53,8 +53,7 @@ def ppl_increase_pct(row: dict) -> float | None:
 def selection_share(row: dict[str, Any]) -> float | None:
     """A cell's selection time (sketch and estimate, walk, select) over the dense model's
     attention time on the same prompts, from the timings the grid keeps in `extra`; None for
-    rows stored before they were kept. One pass each: as noisy as the machine. Every method
-    computes the sketch's estimate (decode and the explorer read it), so peers pay for it too."""
+    rows stored before they were kept. One pass each: as noisy as the machine."""
     t = (row.get("extra") or {}).get("timings") or {}
     dense = t.get("dense_attention_ms")
     return t["selection_ms"] / dense if dense and t.get("selection_ms") is not None else None

@@ -190,9 +190,9 @@ if not gaps.empty and (gaps["method"] != "oracle").any():
         "and density it is the best block selection there is. KL gap = a method's KL minus the "
         "oracle's in the same cell; selection share = the time of the sketch (with the block "
         "estimate), walk and select stages over the dense model's attention time on the same "
-        "prompts. Every method computes the sketch's estimate (decode and the explorer read it), "
-        "so the peers' share includes it too. One pass each, so as noisy as the machine; empty "
-        "for cells stored before it was kept. `sketchwalk frontier` fills these cells."
+        "prompts (methods that do not rank by the sketch's estimate compute only block means "
+        "there). One pass each, so as noisy as the machine; empty for cells stored before it "
+        "was kept. `sketchwalk frontier` fills these cells."
     )
     st.dataframe(gaps, hide_index=True, key="bm_frontier")
 

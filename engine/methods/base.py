@@ -46,7 +46,9 @@ class Method:
     cross-layer walk runs (its scores are W_l). chunks: queries after a cache (chunked prefill,
     later turns) can be scored from the sketch state alone. preview: the scores from a stored
     layer record (keys "sketch", "walk", "exact", "n_blocks", "q_blocks"), for the app's density
-    preview; None where the record cannot reproduce them.
+    preview; None where the record cannot reproduce them. reads_sketch: the scores read the
+    sketch's block estimate (a or w); a method that does not (streaming, quest, ...) gets the
+    cheapest estimate (block means) in a pass nobody records, since nothing reads it there.
     """
 
     name: str
@@ -57,6 +59,7 @@ class Method:
     walks: bool = False
     chunks: bool = False
     preview: PreviewFn | None = None
+    reads_sketch: bool = True
 
 
 def valid_or_all(valid: torch.Tensor | None, bsz: int, length: int, device) -> torch.Tensor:

@@ -18,4 +18,5 @@ METHOD = Method(
     score=score,
     needs_exact=True,
     preview=lambda rec: rec.get("exact"),
+    reads_sketch=False,
 )

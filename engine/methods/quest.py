@@ -84,4 +84,5 @@ METHOD = Method(
     help="Quest: per-block min/max key bound on q . k",
     score=score,
     needs_qk=True,
+    reads_sketch=False,
 )

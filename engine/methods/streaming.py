@@ -28,4 +28,5 @@ METHOD = Method(
     score=score,
     chunks=True,
     preview=preview,
+    reads_sketch=False,
 )

@@ -129,4 +129,5 @@ METHOD = Method(
     help="XAttention: antidiagonal scoring on a strided grid",
     score=score,
     needs_qk=True,
+    reads_sketch=False,
 )

@@ -174,3 +174,45 @@ def test_previews_come_from_the_stored_record_where_it_can_reproduce_them():
     assert np.array_equal(REGISTRY["nowalk"].preview(rec), rec["sketch"])
     assert np.array_equal(REGISTRY["oracle"].preview(rec), rec["exact"])
     assert REGISTRY["quest"].preview is None and REGISTRY["xattention"].preview is None
+
+
+def test_methods_that_do_not_read_the_sketch_get_the_cheap_estimate_only_when_unrecorded():
+    sampled = SketchWalkConfig(estimator="sampled", query_samples=4)
+    for m in names(sparse_only=True):
+        reads = REGISTRY[m].reads_sketch
+        assert reads == (m in ("sketchwalk", "nowalk"))
+        cfg = sampled.with_(method=m)
+        assert cfg.for_estimate(recorded=True) is cfg  # the explorer shows the real estimate
+        cheap = cfg.for_estimate(recorded=False)
+        if reads:
+            assert cheap is cfg
+        else:
+            assert (cheap.estimator, cheap.query_samples) == ("mean", 0)
+            assert cheap.with_(estimator="sampled", query_samples=4) == cfg  # nothing else moved
+
+
+@pytest.mark.parametrize("method", ["streaming", "quest", "xattention", "oracle"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_cheap_estimate_leaves_a_peers_selection_unchanged(method, seed):
+    """Those methods never read the estimate: the same lists with the sampled estimate and with
+    block means, on random inputs and a tiled 16-token-block layer."""
+    from sketchwalk.engine.pipeline import layer_exact
+
+    q, k = qk(t=16 * 48, h=4, hkv=2, d=16, seed=seed)
+    srht = make_srht(16, 128, 0, 2)
+    cfg = SketchWalkConfig(method=method, block_size=16, density=0.2, query_samples=4)
+    exact = layer_exact(q, k, None, None, cfg) if REGISTRY[method].needs_exact else None
+    full = prefill_plan(q, k, cfg, srht, exact=exact).selection
+    cheap = prefill_plan(q, k, cfg.for_estimate(recorded=False), srht, exact=exact).selection
+    assert torch.equal(full.block_index, cheap.block_index)
+    assert torch.equal(full.block_count, cheap.block_count)
+
+
+@pytest.mark.parametrize("method", ["streaming", "quest"])
+def test_a_peers_unrecorded_run_writes_what_its_recorded_run_writes(tiny, method):
+    cfg = SketchWalkConfig(block_size=16, density=0.3, dense_tail_blocks=0, method=method)
+    recorded = run(tiny, PROMPT * 3, cfg, RunOptions(max_new_tokens=4))
+    plain = run(tiny, PROMPT * 3, cfg, RunOptions(max_new_tokens=4, record=False))
+    assert recorded.sparse_text == plain.sparse_text
+    assert recorded.metrics["kl_mean"] == plain.metrics["kl_mean"]
+    assert recorded.metrics["density_achieved"] == plain.metrics["density_achieved"]
