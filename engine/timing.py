@@ -144,6 +144,12 @@ def run_variant(
     return Pass(prefill, steps, stages, first)
 
 
+def selection_ms(stages: dict[str, float], prefix: str = "") -> float:
+    """Selection time among a pass's timed stages (those named prefix + stage): every stage but
+    attention, i.e. the sketch with its block estimate, the walk and the select."""
+    return sum(v for k, v in stages.items() if k.startswith(prefix) and k != f"{prefix}attention")
+
+
 def clean_timings(
     model: torch.nn.Module,
     ids: torch.Tensor,
@@ -164,18 +170,14 @@ def clean_timings(
         "clean_dense_attention_ms": dense.stages["prefill_attention"],
         "clean_sparse_attention_ms": sparse.stages.get("prefill_attention", 0.0),
     }
-    overhead = sum(v for k, v in sparse.stages.items() if k.startswith("prefill_"))
-    out["clean_sparse_selection_ms"] = overhead - out["clean_sparse_attention_ms"]
+    out["clean_sparse_selection_ms"] = selection_ms(sparse.stages, "prefill_")
     if new_tokens and dense.decode_ms and sparse.decode_ms:
         # the mean step: steps that re-select (one per key block) cost more than the others
         out["clean_dense_decode_ms_per_token"] = sum(dense.decode_ms) / len(dense.decode_ms)
         out["clean_sparse_decode_ms_per_token"] = sum(sparse.decode_ms) / len(sparse.decode_ms)
         out["clean_dense_decode_attention_ms"] = dense.stages["decode_attention"]
         out["clean_sparse_decode_attention_ms"] = sparse.stages.get("decode_attention", 0.0)
-        per_token = sum(v for k, v in sparse.stages.items() if k.startswith("decode_"))
-        out["clean_sparse_decode_selection_ms"] = (
-            per_token - out["clean_sparse_decode_attention_ms"]
-        )
+        out["clean_sparse_decode_selection_ms"] = selection_ms(sparse.stages, "decode_")
     return out
 
 

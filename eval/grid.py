@@ -30,7 +30,7 @@ from sketchwalk.engine.metrics import kl_per_position, token_logprobs
 from sketchwalk.engine.models import LoadedModel
 from sketchwalk.engine.runner import Decoded, greedy
 from sketchwalk.engine.session import Session, sketch_walk_session
-from sketchwalk.engine.timing import timed_dense
+from sketchwalk.engine.timing import selection_ms, timed_dense
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.eval.items import Item
 from sketchwalk.eval.retrieval import is_correct
@@ -191,7 +191,7 @@ def stage_sums(dense: Pass, sparse: Pass) -> dict[str, float]:
     return {
         "dense_attention_ms": dense.stages.get("attention", 0.0),
         "sparse_attention_ms": sparse.stages.get("attention", 0.0),
-        "selection_ms": sum(v for k, v in sparse.stages.items() if k != "attention"),
+        "selection_ms": selection_ms(sparse.stages),
     }
 
 
