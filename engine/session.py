@@ -21,20 +21,17 @@ from sketchwalk.kernels import choose_backend, decode_cache
 
 from .clock import now_ms
 from .config import SketchWalkConfig
-from .dense import dense_attention, key_validity
-from .layer_profile import layer_densities
-from .pipeline import (
+from .decode import (
     DecodeLayerState,
-    Plan,
     chunk_step,
     decode_reuse,
     decode_step,
-    layer_exact,
-    prefill_plan,
     reusable,
-    sparse_attention,
     start_decode,
 )
+from .dense import dense_attention, key_validity
+from .layer_profile import layer_densities
+from .pipeline import Plan, layer_exact, prefill_plan, sparse_attention
 from .recorder import LayerStep, Recorder
 from .sketch import SRHT, make_srht
 from .threads import one_thread

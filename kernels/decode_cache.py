@@ -4,7 +4,7 @@ Why: a decode step is a handful of microseconds of arithmetic per layer, so on C
 number of torch ops (each can wait for an OpenMP wake-up on a loaded machine) and the bytes it
 copies. The stateless kernel (kernels/cpu.py `_decode`) gathers the listed blocks every step, a
 chunk at a time, and merges chunks by log-sum-exp: ~25 ops. When the session reuses a selection
-(engine/pipeline.py `reusable`), the listed blocks before the current one are immutable past
+(engine/decode.py `reusable`), the listed blocks before the current one are immutable past
 tokens, so they are gathered once into a buffer with room for one more block; each step copies the
 current block's tokens (at most one block) behind them and runs one SDPA call: 3 ops. A selection
 kept across key blocks (`engine/select.py` `extend_selection`) takes the finished block into the

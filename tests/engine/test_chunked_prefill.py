@@ -11,7 +11,8 @@ from engine_fixtures import tiny_llama
 
 from sketchwalk.engine.cache import cache_kwarg
 from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.pipeline import chunk_step, prefill_plan, start_decode
+from sketchwalk.engine.decode import chunk_step, start_decode
+from sketchwalk.engine.pipeline import prefill_plan
 from sketchwalk.engine.session import sketch_walk_session
 from sketchwalk.engine.sketch import make_srht
 

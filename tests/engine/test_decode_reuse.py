@@ -11,13 +11,8 @@ import torch
 from engine_fixtures import tiny_llama
 
 from sketchwalk.engine.config import LEGACY, ConfigError, SketchWalkConfig
-from sketchwalk.engine.pipeline import (
-    decode_reuse,
-    decode_step,
-    prefill_plan,
-    reusable,
-    start_decode,
-)
+from sketchwalk.engine.decode import decode_reuse, decode_step, reusable, start_decode
+from sketchwalk.engine.pipeline import prefill_plan
 from sketchwalk.engine.recorder import Recorder
 from sketchwalk.engine.runner import greedy
 from sketchwalk.engine.session import sketch_walk_session
@@ -104,7 +99,7 @@ def test_every_one_never_reuses():
 def _schedule(phases: list[float], first: int, steps: int, cfg) -> list[list[int]]:
     """Per decode token, the layers (by index into phases) that re-select, all having selected
     at token `first`."""
-    from sketchwalk.engine.pipeline import DecodeLayerState
+    from sketchwalk.engine.decode import DecodeLayerState
 
     states = [DecodeLayerState(None, None, None, selection=object(), phase=p) for p in phases]
     for st in states:
@@ -127,7 +122,7 @@ def _schedule(phases: list[float], first: int, steps: int, cfg) -> list[list[int
 def test_staggered_layers_take_turns(t, span):
     """28 layers: without the stagger every layer re-selects at the same tokens; with it they
     take turns (a few per token), each as often as before and never later than its cadence."""
-    from sketchwalk.engine.pipeline import stagger_phase
+    from sketchwalk.engine.decode import stagger_phase
 
     cfg = SketchWalkConfig(decode_reselect_span=span)
     cadence = min(max(1, t // span), cfg.block_size)  # 14, 16 (the key-block rule), 4
@@ -246,7 +241,7 @@ def test_window_ring_and_block_estimates_equal_their_full_recomputation(window):
     cat of the last w sketched queries, and the cached per-block key estimates equal a full
     recomputation from the sums, bit for bit, across block starts, reused steps and a chunk; the
     window's kept logits equal one product against every block (float noise: other ops)."""
-    from sketchwalk.engine.pipeline import chunk_step, key_estimates, window_logits
+    from sketchwalk.engine.decode import chunk_step, key_estimates, window_logits
     from sketchwalk.engine.sketch import key_summary, token_keys, token_logits
 
     torch.manual_seed(window)
@@ -290,7 +285,8 @@ def test_window_ring_and_block_estimates_equal_their_full_recomputation(window):
 def test_state_grows_inside_buffers_with_room():
     """A_l and the block sums grow by one block per key block formed: new entries are zero, old
     ones kept, and while the buffer has room the grown tensor is a view of it (no copy)."""
-    from sketchwalk.engine.pipeline import DecodeLayerState, SketchedBlocks, _grow_state
+    from sketchwalk.engine.decode import DecodeLayerState, _grow_state
+    from sketchwalk.engine.pipeline import SketchedBlocks
 
     torch.manual_seed(0)
     a = torch.rand(1, 3, 5, 5)

@@ -287,7 +287,7 @@ def test_decode_sampled_estimate_scores_the_last_window_queries_against_every_ke
     averaged over the real ones. all_valid: the one-row path without padding (a partial last
     block: 45 keys in blocks of 8)."""
     from sketchwalk.engine.config import SketchWalkConfig
-    from sketchwalk.engine.pipeline import decode_sampled_mass
+    from sketchwalk.engine.decode import decode_sampled_mass
     from sketchwalk.engine.sketch import make_srht
 
     torch.manual_seed(d + r + samples)
