@@ -272,7 +272,3 @@ def check_version(found: int, what: str) -> None:
 def _where(engine: Engine) -> str:
     path = duckdb_path(engine.url)
     return str(path) if path else engine.url.render_as_string(hide_password=True)
-
-
-def is_duckdb(engine: Engine) -> bool:
-    return engine.dialect.name == "duckdb"

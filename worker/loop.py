@@ -204,11 +204,6 @@ def execute_job(
     return outcome.run_id
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:500] if text else type(exc).__name__
-
-
 def worker_name(device: str, kind: str = "app") -> str:
     """Stable across restarts on one host, so a restarted worker recovers its own jobs."""
     return f"{kind}@{socket.gethostname()}/{device}"
