@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from .sketch import pool_into
+
 
 def exact_block_mass(
     q: torch.Tensor,
@@ -17,8 +19,11 @@ def exact_block_mass(
     key_valid: torch.Tensor,
     groups: int = 1,
     budget_elems: int = 1 << 20,  # ~one query block per chunk: scores stay in cache (2-3x faster)
+    pool: str = "mean",
 ) -> torch.Tensor:
-    """True softmax mass per key block, [B, groups, nq, nk], averaged over heads and real queries.
+    """True softmax mass per key block, [B, groups, nq, nk], averaged over heads and real queries
+    (pool "max": each key block's largest mass over them, rows scaled to sum to 1: the exact
+    counterpart of a max-pooled estimate).
 
     q [B, H, Lq, d] are the last Lq positions of k [B, Hkv, Lk, d]; key_valid [B, Lk] marks real
     keys. Row i is query block i (rows [i*b, (i+1)*b) of q). Query chunks keep memory bounded, and
@@ -53,10 +58,13 @@ def exact_block_mass(
         if nkc * b != kend:
             probs = torch.nn.functional.pad(probs, (0, nkc * b - kend))
         mass = probs.view(bsz, hkv, h // hkv, e - s, nkc, b).sum(-1)
-        mass = mass.reshape(bsz, groups, -1, e - s, nkc).mean(2)  # [B,G,c,nkc]
+        mass = mass.reshape(bsz, groups, -1, e - s, nkc)
+        mass = mass.amax(2) if pool == "max" else mass.mean(2)  # [B,G,c,nkc]
         if padded:
             mass = mass * qv[:, None, s:e, None]
-        out[..., :nkc].index_add_(2, torch.arange(s, e, device=q.device) // b, mass)
+        pool_into(out[..., :nkc], 2, torch.arange(s, e, device=q.device) // b, mass, pool)
+    if pool == "max":  # rows scaled to sum to 1, as the estimates are (sketch.aggregate_heads)
+        return out / out.sum(-1, keepdim=True).clamp(min=1e-30)
     counts = torch.nn.functional.pad(qv, (0, nq * b - lq)).view(bsz, nq, b).sum(-1)
     return out / counts.clamp(min=1.0)[:, None, :, None]
 

@@ -17,6 +17,7 @@ PHASES = ("prefill", "decode", "both")
 BUDGETS = ("layer", "row")
 LAYER_PROFILES = ("auto", "uniform")
 ESTIMATORS = ("mean", "query", "sampled")
+POOLS = ("max", "mean")
 TOKEN_ESTIMATORS = ("query", "sampled")  # keep sums of squared keys and score single queries
 
 
@@ -110,6 +111,14 @@ class SketchWalkConfig:
         True,
         "select blocks per KV-head group (False: one selection per layer)",
         label="Per KV-head group",
+    )
+    pool: str = knob(
+        "max",
+        "how the block scores of what shares one list combine (an estimator's scored queries "
+        "in a block, the blocks of a query tile, the heads of a group): 'max' ranks a block by "
+        "the one that needs it most, 'mean' by their average mass",
+        label="Pooling",
+        choices=POOLS,
     )
     budget: str = knob(
         "layer",
@@ -380,6 +389,7 @@ LEGACY: dict[str, Any] = {
     "decode_reselect_span": 0,
     "decode_stagger": False,
     "layer_profile": "uniform",
+    "pool": "mean",
 }
 
 # ---- presets: data next to the declaration ----------------------------------------------------
@@ -400,6 +410,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "query_samples": 0,
         "dense_layers": (),
         "decode_reselect_span": 0,  # decode keeps a selection for its whole 64-token key block
+        "pool": "mean",  # one block-mean query per block, no tiles: only the heads would pool
     },
     # The published configuration (the paper's README defaults), with our explicit density.
     "paper": {
@@ -419,6 +430,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "decode_reselect_span": 0,
         "decode_stagger": False,
         "layer_profile": "uniform",
+        "pool": "mean",
     },
 }
 

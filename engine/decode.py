@@ -363,7 +363,7 @@ def refresh_rows(
         else:
             rows = torch.tensor([row], device=st.a.device)
             probs = causal_block_softmax(logits, sk.k_count > 0, rows)
-        st.a[:, :, row] = aggregate_heads(probs, cfg.per_group)[:, :, 0]  # running average
+        st.a[:, :, row] = aggregate_heads(probs, cfg.per_group, cfg.pool)[:, :, 0]
     st.stale_from = None
 
 
@@ -400,7 +400,7 @@ def decode_step(
         sk = st.sketched
         if cfg.estimator == "sampled" and keys is not None:
             probs = decode_sampled_mass(st.window, srht, keys, key_valid, cfg, d, all_valid)
-            return aggregate_heads(probs, cfg.per_group)
+            return aggregate_heads(probs, cfg.per_group, cfg.pool)
         km, key_side = key_estimates(st, d, cfg, n)
         if key_side is not None:
             logits = window_logits(st, key_side, sk.k_sq is not None)
@@ -411,7 +411,9 @@ def decode_step(
         else:
             rows_cur = torch.full((st.window.shape[2],), cur, device=q.device)
             probs = causal_block_softmax(logits, sk.k_count > 0, rows_cur)
-        return aggregate_heads(probs.sum(3, keepdim=True), cfg.per_group)  # [B,G,1,n]
+        # the window's queries stand for the current row: pooled like a block's scored queries
+        pooled = probs.amax(3, keepdim=True) if cfg.pool == "max" else probs.sum(3, keepdim=True)
+        return aggregate_heads(pooled, cfg.per_group, cfg.pool)  # [B,G,1,n]
 
     r = timer.run("sketch", update)
     s = timer.run("walk", lambda: walk_row(r[:, :, 0], st.a, cfg.effective_beta, cfg.degree))
@@ -445,8 +447,8 @@ def decode_sampled_mass(
 ) -> torch.Tensor:
     """The sampled estimator in decode, [B, Hkv, G, 1, n]: the last query_samples queries of the
     window (0: all of it) scored against every key in the cache, each seeing all of them (they
-    stand for the current row), their block masses averaged. The window holds sketched queries
-    S q; (S q) S^T scored against raw keys is the sketched inner product (S q).(S k) for any r,
+    stand for the current row), their block masses pooled (cfg.pool). The window holds sketched
+    queries S q; (S q) S^T scored against raw keys is the sketched inner product (S q).(S k) for any r,
     so the cache is never sketched. Cost: samples x H x T x d, once per fresh selection (with
     decode_reselect 0: once per key block). all_valid: no padding, so the one-row path
     (sketch.current_row_mass) applies."""
@@ -455,12 +457,13 @@ def decode_sampled_mass(
     qs = window[:, :, -s:] @ srht.matrix.T  # [B, H, s, d]
     s = qs.shape[2]
     if all_valid:
-        return current_row_mass(qs, keys.float(), cfg.block_size, dim, cfg.tau)
+        return current_row_mass(qs, keys.float(), cfg.block_size, dim, cfg.tau, cfg.pool)
     pos = torch.full((s,), lk - 1, dtype=torch.long, device=keys.device)
     q_valid = key_valid[:, lk - s :].bool()  # the window's queries are the last s tokens
     return sampled_block_mass(
-        qs, q_valid, pos, keys.float(), key_valid.bool(), cfg.block_size, dim, cfg.tau
-    )
+        qs, q_valid, pos, keys.float(), key_valid.bool(), cfg.block_size, dim, cfg.tau,
+        pool=cfg.pool,
+    )  # fmt: skip
 
 
 def reusable(st: DecodeLayerState, lk: int, cfg: SketchWalkConfig, every: int) -> bool:

@@ -140,21 +140,21 @@ def transition(
     if tokens is not None and tokens.keys is not None:
         probs = sampled_block_mass(
             tokens.qs, tokens.valid, tokens.pos, tokens.keys, tokens.key_valid, cfg.block_size,
-            dim, cfg.tau,
+            dim, cfg.tau, pool=cfg.pool,
         )  # fmt: skip
-        return aggregate_heads(probs, cfg.per_group)
+        return aggregate_heads(probs, cfg.per_group, cfg.pool)
     if tokens is not None and cfg.estimator in TOKEN_ESTIMATORS:
         km, kvar = key_summary(sk.k_sum, sk.k_sq, sk.k_count)
         probs = token_block_mass(
             tokens.qs, tokens.valid, tokens.pos, km, kvar, sk.k_count, cfg.block_size, dim,
-            cfg.tau,
+            cfg.tau, pool=cfg.pool,
         )  # fmt: skip
-        return aggregate_heads(probs, cfg.per_group)
+        return aggregate_heads(probs, cfg.per_group, cfg.pool)
     qm = block_means(sk.q_sum[:, :, q_blocks], sk.q_count[:, q_blocks])
     km = block_means(sk.k_sum, sk.k_count)
     logits = block_logits(qm, km, dim, cfg.tau)
     probs = causal_block_softmax(logits, sk.k_count > 0, q_blocks)
-    return aggregate_heads(probs, cfg.per_group)
+    return aggregate_heads(probs, cfg.per_group, cfg.pool)
 
 
 def method_scores(cfg: SketchWalkConfig, x: ScoreInputs) -> torch.Tensor:
@@ -188,6 +188,7 @@ def choose_blocks(
         real_rows,
         cfg.budget,
         cfg.rows_per_list,
+        cfg.pool,
     )
 
 
@@ -273,10 +274,15 @@ def layer_exact(
     valid: torch.Tensor | None,
     scale: float | None,
     cfg: SketchWalkConfig,
+    pool: str | None = None,
 ) -> torch.Tensor:
     """The one place a layer's exact block mass [B, G, rows, n] is computed (a dense softmax):
-    per selection group, for the oracle's selection and for the recorder's ground truth."""
+    per selection group, pooled as the config pools for the oracle's selection, and averaged
+    (pool "mean") for the recorder's ground truth."""
     if valid is None:
         valid = torch.ones(k.shape[0], k.shape[2], dtype=torch.bool, device=k.device)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return exact_block_mass(q, k, scale, cfg.block_size, valid, cfg.groups(k.shape[1]))
+    groups = cfg.groups(k.shape[1])
+    return exact_block_mass(
+        q, k, scale, cfg.block_size, valid, groups, pool=cfg.pool if pool is None else pool
+    )

@@ -24,6 +24,8 @@ import torch
 
 from sketchwalk.kernels import selected_block_mask
 
+from .sketch import pool_into
+
 
 @dataclass
 class BlockSelection:
@@ -148,6 +150,7 @@ def select_blocks(
     real_rows: torch.Tensor | None = None,
     budget: str = "row",
     row_group: int = 1,
+    pool: str = "mean",
 ) -> BlockSelection:
     """Top blocks of scores [B, G, nq, nk] (higher = keep) to the density budget.
 
@@ -156,7 +159,8 @@ def select_blocks(
     (module docstring); with a single row both are the same. row_group: consecutive query blocks
     (aligned to multiples of it) that share one list (query tiles of row_group blocks, see
     group_budget_keep); needs the layer budget. density: one for every group, or one per group
-    (a layer profile's, engine/layer_profile.py).
+    (a layer profile's, engine/layer_profile.py). pool: how a tile's rows combine their scores
+    (tile_offers).
     """
     cand, forced, gid, rows = budget_masks(
         scores.shape, q_blocks, rule, seq_start, seq_end, dense_rows, real_rows, row_group
@@ -164,7 +168,7 @@ def select_blocks(
     if gid is not None:
         if budget != "layer":
             raise ValueError("query tiles of several blocks need the layer budget")
-        keep = group_budget_keep(scores, cand, forced, gid, density)
+        keep = group_budget_keep(scores, cand, forced, gid, density, pool)
     elif budget == "layer" and scores.shape[2] > 1:
         keep = layer_budget_keep(scores, cand, forced, density)
     else:
@@ -269,18 +273,19 @@ def group_budget_keep(
     forced: torch.Tensor,
     gid: torch.Tensor,
     density: float | Sequence[float],
+    pool: str = "mean",
 ) -> torch.Tensor:
     """[B, G, nq, nk] kept when the rows of a tile (gid [nq]: tile of each row) share one list.
 
     A tile's block costs one pair per row that can see it and does not already keep it; its value
-    per pair is the rows' mean score. Blocks are taken best value first, anywhere in the layer,
+    per pair is the rows' mean score, or with pool "max" their largest (tile_offers). Blocks are taken best value first, anywhere in the layer,
     while the running cost stays within density x candidate pairs (never over), then every row of
     the tile keeps them where causal. With one row per tile this is layer_budget_keep.
     """
     bsz, groups, nq, nk = scores.shape
     ng = int(gid[-1]) + 1
     free = cand & ~forced  # [B, nq, nk]
-    o = tile_offers(scores, cand, forced, gid)
+    o = tile_offers(scores, cand, forced, gid, pool)
     dens = group_rates(density, groups)
     target = torch.floor(dens * o.candidates.double()[:, None] + 1e-9).long()  # [B, G]
     room = (target - o.forced[:, None]).clamp(min=0)
@@ -293,18 +298,30 @@ def group_budget_keep(
 
 
 def tile_offers(
-    scores: torch.Tensor, cand: torch.Tensor, forced: torch.Tensor, gid: torch.Tensor
+    scores: torch.Tensor,
+    cand: torch.Tensor,
+    forced: torch.Tensor,
+    gid: torch.Tensor,
+    pool: str = "mean",
 ) -> Offers:
     """The items group_budget_keep ranks, from scores [B, G, nq, nk] and the masks of
     budget_masks (gid [nq]: each row's tile; one tile per row when rows do not share lists).
-    engine/layer_profile.py ranks them across layers."""
+    A block's value is the mean score of the tile's rows that can see it, or with pool "max" the
+    largest: a shared list serves every row, and the row that needs a block most is the one
+    hurt most without it (docs/quality.md measures both). engine/layer_profile.py ranks the
+    offers of the exact mass (pool "mean") across layers."""
     bsz, groups, nq, nk = scores.shape
     ng = int(gid[-1]) + 1
     free = cand & ~forced  # [B, nq, nk]
     cost = _tile_sums(free, gid)  # [B, ng, nk]
-    seen = _tile_sums(cand, gid).clamp(min=1)
-    sc = torch.where(cand[:, None], scores.float(), 0.0)
-    value = _tile_sums(sc, gid) / seen[:, None]  # [B, G, ng, nk]
+    if pool == "max":
+        sc = torch.where(cand[:, None], scores.float(), -math.inf)
+        value = sc.new_full((bsz, groups, ng, nk), -math.inf)
+        pool_into(value, 2, gid.to(sc.device), sc, "max")  # [B, G, ng, nk]
+    else:
+        seen = _tile_sums(cand, gid).clamp(min=1)
+        sc = torch.where(cand[:, None], scores.float(), 0.0)
+        value = _tile_sums(sc, gid) / seen[:, None]  # [B, G, ng, nk]
     value = value.masked_fill(cost[:, None] <= 0, -math.inf).reshape(bsz, groups, ng * nk)
     return Offers(value, cost.reshape(bsz, ng * nk), forced.sum((1, 2)), cand.sum((1, 2)))
 

@@ -36,6 +36,8 @@ from .recorder import LayerStep, Recorder
 from .sketch import SRHT, make_srht
 from .threads import one_thread
 
+Exact = torch.Tensor | None  # a layer step's exact block mass, where it was computed
+
 # called as each layer starts, (phase, step, layer): where the sequence is, not a progress report
 # (the runner turns it into one; see sketchwalk/progress.py)
 LayerHook = Callable[[str, int, int], None]
@@ -135,7 +137,7 @@ class Session:
         if self.on_layer is not None:
             self.on_layer(phase, self.step, layer)
         key_valid = self._key_validity(mask, bsz, lk, q.device)
-        exact = self._exact(phase, layer, q, k, key_valid, scale)
+        exact, exact_rec = self._exact(phase, layer, q, k, key_valid, scale)
         if phase == "prefill":
             plan, out, ms = self._prefill(layer, q, k, v, mask, key_valid, scale, exact)
         elif phase == "decode" and layer in self.decode_states:
@@ -152,7 +154,7 @@ class Session:
             plan = None
             out, ms = self._dense(phase, q, k, v, mask, scale)
         if self.recorder is not None and self.recorder.observes(phase):
-            self._observe(phase, layer, plan, exact, q, k, v, mask, key_valid, scale, ms)
+            self._observe(phase, layer, plan, exact_rec, q, k, v, mask, key_valid, scale, ms)
         return out
 
     def _begin(self, phase: str) -> None:
@@ -164,20 +166,24 @@ class Session:
         else:  # a chunk after a cache: its own walk across layers
             self.chunk_walk = None
 
-    def _exact(self, phase, layer, q, k, key_valid, scale) -> torch.Tensor | None:
-        """The exact block mass of this layer step, computed here only and at most once: for a
-        method that selects on it (the whole batch) or for the recorder (batch element 0)."""
+    def _exact(self, phase, layer, q, k, key_valid, scale) -> tuple[Exact, Exact]:
+        """The exact block mass of this layer step, computed here only: (for a method that
+        selects on it, the whole batch pooled as the config pools; for the recorder, the mean
+        mass of batch element 0). One pass serves both where they agree (pool "mean")."""
         cfg = self.cfg
         if phase == "prefill":
             selects = cfg.sparse_in("prefill") and not cfg.is_dense_layer(layer)
         else:
             selects = phase == "decode" and layer in self.decode_states
+        chosen = None
         if selects and cfg.method_spec.needs_exact:
-            return layer_exact(q, k, key_valid, scale, cfg)
+            chosen = layer_exact(q, k, key_valid, scale, cfg)
         rec = self.recorder
-        if rec is not None and rec.observes(phase) and rec.wants_exact(k.shape[2]):
-            return layer_exact(q[:1], k[:1], key_valid[:1], scale, cfg)
-        return None
+        if rec is None or not rec.observes(phase) or not rec.wants_exact(k.shape[2]):
+            return chosen, None
+        if chosen is not None and cfg.pool == "mean":
+            return chosen, chosen
+        return chosen, layer_exact(q[:1], k[:1], key_valid[:1], scale, cfg, pool="mean")
 
     def _observe(self, phase, layer, plan, exact, q, k, v, mask, key_valid, scale, ms) -> None:
         """The recorder's one call site: what this layer step decided, read-only."""
@@ -221,7 +227,7 @@ class Session:
                 key_valid,
                 scale,
                 select=sparse,
-                exact=exact if cfg.method_spec.needs_exact else None,
+                exact=exact,
             )
             for stage, ms in plan.timings.items():
                 self._time(stage, ms)
@@ -277,7 +283,6 @@ class Session:
             )
             self.decode_reused += 1
         else:
-            exact = exact if cfg.method_spec.needs_exact else None  # else the recorder's
             plan = decode_step(
                 st,
                 q,

@@ -8,11 +8,16 @@ block logits into a causal, row-stochastic block transition matrix A.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
 
 from ..kernels.parts import run_in_parts, workers
+
+# index_reduce_ is marked beta (a one-time UserWarning); its "amax" is what max pooling needs and
+# runs as fast as index_add_ on these shapes (scatter_reduce_ was ~20x slower)
+warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta")
 
 
 def fwht(x: torch.Tensor) -> torch.Tensor:
@@ -149,12 +154,27 @@ def causal_block_softmax(
     return probs.nan_to_num(0.0)
 
 
-def aggregate_heads(probs: torch.Tensor, per_group: bool) -> torch.Tensor:
-    """Sum per-head block distributions [B, Hkv, G, nq, nk] into [B, groups, nq, nk], rows summing to 1.
+def pool_into(
+    out: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, pool: str
+) -> torch.Tensor:
+    """Pool the slices of src into out along dim at index, in place: summed (pool "mean"; the
+    caller divides by the counts) or their running max (pool "max"; out starts at 0 for
+    masses, or at -inf)."""
+    if pool == "max":
+        return out.index_reduce_(dim, index, src, "amax")
+    return out.index_add_(dim, index, src)
+
+
+def aggregate_heads(probs: torch.Tensor, per_group: bool, pool: str = "mean") -> torch.Tensor:
+    """Pool per-head block distributions [B, Hkv, G, nq, nk] into [B, groups, nq, nk], rows
+    summing to 1: the heads' mean mass, or (pool "max") each block's largest over the heads.
 
     groups = 1 (one selection shared by the layer) or Hkv (one per KV-head group).
     """
-    agg = probs.sum(dim=2) if per_group else probs.sum(dim=(1, 2)).unsqueeze(1)
+    dims = 2 if per_group else (1, 2)
+    agg = probs.amax(dim=dims) if pool == "max" else probs.sum(dim=dims)
+    if not per_group:
+        agg = agg.unsqueeze(1)
     total = agg.sum(dim=-1, keepdim=True)
     return torch.where(total > 0, agg / total.clamp(min=1e-30), agg)
 
@@ -246,10 +266,12 @@ def token_block_mass(
     dim: int,
     tau: float,
     chunk_elems: int = 1 << 20,
+    pool: str = "mean",
 ) -> torch.Tensor:
     """Estimated block mass [B, Hkv, G, R, n] for the query blocks from pos[0] // b to
     pos[-1] // b, from sketched queries qs [B, H, L, r] at ascending positions pos [L]
-    (q_valid [B, L] real queries); a block's estimate is the mean over its scored queries.
+    (q_valid [B, L] real queries); a block's estimate is the mean over its scored queries, or
+    with pool "max" each key block's largest mass among them.
 
     Each query sees the key blocks before its own and, in its own block, only the keys up to
     itself (the log-count of the diagonal block is that of the visible keys). Query chunks keep
@@ -283,8 +305,8 @@ def token_block_mass(
         probs = torch.softmax(logits, dim=-1)
         # rows that see no block (padding queries) are NaN: they, and every padding query, add 0
         probs.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)
-        out[..., :nk].index_add_(3, blk - j0, probs)
-    return _mean_per_row(out, blk_all - j0, q_valid)
+        pool_into(out[..., :nk], 3, blk - j0, probs, pool)
+    return out if pool == "max" else _mean_per_row(out, blk_all - j0, q_valid)
 
 
 # ---- the sampled estimator ------------------------------------------------------------------
@@ -323,11 +345,13 @@ def sampled_block_mass(
     dim: int,
     tau: float,
     chunk_elems: int = 1 << 21,  # measured best here: larger than the query estimator's
+    pool: str = "mean",
 ) -> torch.Tensor:
     """Block mass [B, Hkv, G, R, n] for the query blocks pos[0] // b .. pos[-1] // b from the
     sketched queries qs [B, H, S, r] at ascending positions pos [S] (q_valid [B, S]) against the
     sketched keys ks [B, Hkv, Lk, r] at positions 0 .. Lk - 1 (k_valid [B, Lk]); each query sees
-    the real keys up to itself, a row's estimate is the mean over its scored queries."""
+    the real keys up to itself, a row's estimate is the mean over its scored queries, or with
+    pool "max" each key block's largest mass among them (padding queries count as 0)."""
     bsz, h, length, r = qs.shape
     hkv, lk = ks.shape[1], ks.shape[2]
     gh, b = h // hkv, block_size
@@ -367,7 +391,7 @@ def sampled_block_mass(
         # the chunk: ~10% off the estimator at 7k tokens; the score matmul is the rest (half)
         mass = torch.softmax(scores, -1).view(bsz, hkv, gh, e - s, nkc, b).sum(-1)
         mass.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)  # padding queries: NaN rows
-        out[..., :nkc].index_add_(3, p // b - j0, mass)
+        pool_into(out[..., :nkc], 3, p // b - j0, mass, pool)
 
     # on CPU, one part per core (kernels/parts.py: at 7k tokens 1.6x faster than every op on
     # both cores); parts end at query blocks, so they add into disjoint rows of out
@@ -376,7 +400,7 @@ def sampled_block_mass(
         run_in_parts(score, cuts)
     else:
         score(0, length)
-    return _mean_per_row(out, blk_all - j0, q_valid)
+    return out if pool == "max" else _mean_per_row(out, blk_all - j0, q_valid)
 
 
 def _cuts_by_work(pos: torch.Tensor, b: int, parts: int, min_len: int) -> list[int]:
@@ -396,13 +420,13 @@ def _cuts_by_work(pos: torch.Tensor, b: int, parts: int, min_len: int) -> list[i
 
 
 def current_row_mass(
-    qs: torch.Tensor, ks: torch.Tensor, block_size: int, dim: int, tau: float
+    qs: torch.Tensor, ks: torch.Tensor, block_size: int, dim: int, tau: float, pool: str = "mean"
 ) -> torch.Tensor:
     """sampled_block_mass for decode's one row when every key is real: the queries qs [B, H, s, r]
     all stand for the newest position, so each sees every key in ks [B, Hkv, Lk, r]; their block
-    masses [B, Hkv, G, 1, n] are averaged. No causal mask, no padded copy of the scores (a partial
-    last block is summed apart), no per-row scatter: at 7k tokens the generic path spent a
-    quarter of its time filling a padded copy."""
+    masses [B, Hkv, G, 1, n] are averaged (pool "max": their largest per block). No causal
+    mask, no padded copy of the scores (a partial last block is summed apart), no per-row
+    scatter: at 7k tokens the generic path spent a quarter of its time filling a padded copy."""
     bsz, h, s = ks.shape[0], qs.shape[1], qs.shape[2]
     hkv, lk = ks.shape[1], ks.shape[2]
     gh, b = h // hkv, block_size
@@ -412,4 +436,5 @@ def current_row_mass(
     mass = probs[..., : full * b].unflatten(-1, (full, b)).sum(-1)
     if lk > full * b:
         mass = torch.cat([mass, probs[..., full * b :].sum(-1, keepdim=True)], -1)
-    return mass.view(bsz, hkv, gh, s, -1).mean(3, keepdim=True)
+    mass = mass.view(bsz, hkv, gh, s, -1)
+    return mass.amax(3, keepdim=True) if pool == "max" else mass.mean(3, keepdim=True)

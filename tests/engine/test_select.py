@@ -191,10 +191,11 @@ def test_default_knobs_meet_the_density_target_in_a_model(tokens):
         assert abs(s.density("prefill") - density) <= 0.02
 
 
-def tile_budget_reference(scores, forced, density, r):
+def tile_budget_reference(scores, forced, density, r, pool="mean"):
     """Brute force for query tiles of r rows: a tile keeps what any of its rows must keep; then
-    (tile, block) pairs in descending mean score over the rows that see the block, each costing
-    the rows that see it and do not yet keep it, while the total stays within the target."""
+    (tile, block) pairs in descending mean (pool "max": largest) score over the rows that see
+    the block, each costing the rows that see it and do not yet keep it, while the total stays
+    within the target."""
     n = scores.shape[-1]
     causal = torch.ones(n, n, dtype=torch.bool).tril()
     tiles = [range(t, min(t + r, n)) for t in range(0, n, r)]
@@ -211,7 +212,8 @@ def tile_budget_reference(scores, forced, density, r):
             seen = [i for i in rows if causal[i, j]]
             cost = sum(1 for i in seen if not keep[i, j])
             if cost:
-                value = sum(float(scores[i, j]) for i in seen) / len(seen)
+                values = [float(scores[i, j]) for i in seen]
+                value = max(values) if pool == "max" else sum(values) / len(values)
                 options.append((-value, ti, j, cost))
     for _, ti, j, cost in sorted(options):
         if kept + cost > target:
@@ -225,16 +227,17 @@ def tile_budget_reference(scores, forced, density, r):
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("density", [0.1, 0.25, 0.6])
 @pytest.mark.parametrize("n,r", [(12, 4), (33, 2), (30, 4)])
-def test_query_tiles_equal_a_brute_force_reference(seed, density, n, r):
+@pytest.mark.parametrize("pool", ["mean", "max"])
+def test_query_tiles_equal_a_brute_force_reference(seed, density, n, r, pool):
     b = 16
     scores, sel, mask = run_select(
         n=n, b=b, density=density, sink=0.0, window=0.0, sink_blocks=1, window_blocks=1,
-        groups=2, seed=seed, budget="layer", row_group=r,
+        groups=2, seed=seed, budget="layer", row_group=r, pool=pool,
     )  # fmt: skip
     forced = forced_reference(n, b, n * b, 0.0, 1, 0.0, 1)
     causal = torch.ones(n, n, dtype=torch.bool).tril()
     for g in range(2):
-        want = tile_budget_reference(scores[0, g], forced, density, r)
+        want = tile_budget_reference(scores[0, g], forced, density, r, pool)
         assert torch.equal(mask[0, g], want)
         assert mask[0, g][forced].all()  # no forced block is ever dropped
         for t in range(0, n, r):  # the rows of a tile share one list, trimmed by causality

@@ -52,16 +52,18 @@ def test_every_recorded_layer_step_goes_through_one_record_call():
 
 
 @pytest.mark.parametrize(
-    "method, exact_max_tokens, per_step",
+    "method, pool, exact_max_tokens, per_step",
     [
-        ("sketchwalk", 8192, LAYERS),  # the recorder's ground truth, every layer step
-        ("oracle", 8192, LAYERS),  # the oracle selects on the same tensor: still once
-        ("oracle", 8, LAYERS - 1),  # past the recorder's limit only the sparse layers need it
-        ("sketchwalk", 8, 0),
+        ("sketchwalk", "max", 8192, LAYERS),  # the recorder's ground truth, every layer step
+        ("oracle", "mean", 8192, LAYERS),  # the oracle selects on the same tensor: still once
+        # max pooling: the oracle's max-pooled mass on the sparse layers, the recorder's mean mass
+        ("oracle", "max", 8192, 2 * LAYERS - 1),
+        ("oracle", "max", 8, LAYERS - 1),  # past the recorder's limit only the sparse layers
+        ("sketchwalk", "max", 8, 0),
     ],
 )
-def test_exact_mass_is_computed_at_most_once_per_layer_step(
-    monkeypatch, method, exact_max_tokens, per_step
+def test_exact_mass_is_computed_once_per_use_and_layer_step(
+    monkeypatch, method, pool, exact_max_tokens, per_step
 ):
     calls = []
     real = pipeline.exact_block_mass
@@ -73,11 +75,14 @@ def test_exact_mass_is_computed_at_most_once_per_layer_step(
     monkeypatch.setattr(pipeline, "exact_block_mass", counted)
     rec = CountingRecorder()
     rec.options.exact_max_tokens = exact_max_tokens
-    cfg = SketchWalkConfig(method=method, density=0.3, block_size=16, dense_layers=(0,))
+    cfg = SketchWalkConfig(method=method, density=0.3, block_size=16, dense_layers=(0,), pool=pool)
     _run(cfg, rec)
     assert len(calls) == per_step * NEW
     for obs, r in zip(rec.seen, rec.layers, strict=True):
         assert (obs.exact is None) == (r.exact is None)  # the recorder never computes its own
+        if obs.exact is not None:  # the ground truth is the mean mass: every row a distribution
+            sums = obs.exact[:1].sum(-1)
+            assert torch.allclose(sums, torch.ones_like(sums), atol=1e-5)
 
 
 def test_a_one_token_prompt_is_a_prefill_and_then_decodes():

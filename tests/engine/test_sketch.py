@@ -90,6 +90,28 @@ def test_causal_block_softmax_rows_sum_to_one_and_are_causal():
     assert aggregate_heads(p, per_group=True).shape == (2, 3, 6, 6)
 
 
+@pytest.mark.parametrize("per_group", [True, False])
+def test_heads_pool_by_mean_or_max_into_row_distributions(per_group):
+    """A group's (or the layer's) row is its heads' summed masses, or their largest per block,
+    scaled to sum to 1; an all-zero row (no visible block) stays zero."""
+    torch.manual_seed(int(per_group))
+    p = torch.softmax(torch.randn(2, 3, 2, 5, 7), -1)
+    p[:, :, :, 0] = 0.0
+    for pool in ("mean", "max"):
+        got = aggregate_heads(p, per_group, pool)
+        heads = p.flatten(1, 2) if not per_group else p  # [B, H, ...] or [B, Hkv, G, ...]
+        dim = 1 if not per_group else 2
+        pooled = heads.amax(dim) if pool == "max" else heads.sum(dim)
+        if not per_group:
+            pooled = pooled.unsqueeze(1)
+        total = pooled.sum(-1, keepdim=True)
+        want = torch.where(total > 0, pooled / total.clamp(min=1e-30), pooled)
+        assert torch.allclose(got, want, atol=1e-6)
+        assert torch.all(got[:, :, 0] == 0)
+        assert torch.allclose(got[:, :, 1:].sum(-1), torch.ones(1), atol=1e-5)
+    assert not torch.allclose(aggregate_heads(p, per_group, "max"), aggregate_heads(p, per_group))
+
+
 def test_causal_block_softmax_masks_before_normalising():
     """Future blocks must get no probability mass (the reference code leaks it)."""
     logits = torch.zeros(1, 1, 1, 4, 4)
@@ -130,10 +152,11 @@ def test_token_sketch_pools_then_sketches_queries_and_sketches_only_the_scored_o
 
 
 @pytest.mark.parametrize("t,b,offset_pad", [(96, 16, 0), (100, 32, 0), (77, 8, 5)])
-def test_token_estimator_is_exact_when_every_block_holds_one_repeated_key(t, b, offset_pad):
+@pytest.mark.parametrize("pool", ["mean", "max"])
+def test_token_estimator_is_exact_when_every_block_holds_one_repeated_key(t, b, offset_pad, pool):
     """Keys repeated inside each block have zero variance, so each query's log-sum-exp over a
     block is exactly log(visible keys) + q . k: the token estimator must equal the exact mass
-    (causal diagonal, partial last block and left padding included)."""
+    (causal diagonal, partial last block and left padding included), pooled the same way."""
     from sketchwalk.engine.blockstats import exact_block_mass
     from sketchwalk.engine.config import SketchWalkConfig
     from sketchwalk.engine.pipeline import sketch_blocks, transition
@@ -146,10 +169,12 @@ def test_token_estimator_is_exact_when_every_block_holds_one_repeated_key(t, b, 
     valid = torch.ones(1, t, dtype=torch.bool)
     valid[0, :offset_pad] = False
     srht = make_srht(16, 16, 0, 3)  # r = m: the sketch is an exact rotation
-    cfg = SketchWalkConfig(block_size=b, estimator="query", per_group=True, query_samples=0)
+    cfg = SketchWalkConfig(
+        block_size=b, estimator="query", per_group=True, query_samples=0, pool=pool
+    )
     sk, tokens = sketch_blocks(q, k, srht, b, valid, tokens=cfg)
     est = transition(sk, torch.arange(n), 16, cfg, tokens)
-    exact = exact_block_mass(q, k, 16**-0.5, b, valid, groups=2)
+    exact = exact_block_mass(q, k, 16**-0.5, b, valid, groups=2, pool=pool)
     assert torch.allclose(est, exact, atol=1e-5)
 
 
@@ -228,11 +253,13 @@ def test_sampled_estimate_is_the_mean_over_the_sampled_queries():
      (70, 16, 4, 3, 600, 2), (45, 8, 2, 0, 1, 3), (90, 8, 8, 7, 1, 2),
      (256, 8, 2, 5, 1 << 21, 1), (160, 8, 8, 2, 1 << 21, 2)],
 )  # fmt: skip
+@pytest.mark.parametrize("pool", ["mean", "max"])
 def test_sampled_estimator_equals_brute_force_block_mass(
-    monkeypatch, t, b, samples, pad, chunk, parts
+    monkeypatch, t, b, samples, pad, chunk, parts, pool
 ):
     """Per scored query: the exact softmax over the real keys up to it, summed per key block;
-    a row is the mean over its scored real queries. chunk: score matrix elements per pass (small:
+    a row is the mean over its scored real queries (pool "max": per key block, the largest of
+    their masses). chunk: score matrix elements per pass (small:
     many chunks, of different widths; long texts: chunks capped by their span); parts: threads
     the queries are cut over (kernels/parts.py, only where each part gets two chunks)."""
     import sketchwalk.engine.sketch as sketch
@@ -250,7 +277,9 @@ def test_sampled_estimator_equals_brute_force_block_mass(
     valid = torch.ones(2, t, dtype=torch.bool)
     valid[1, :pad] = False  # left padding in the second sequence
     pos = sample_positions(t, b, samples)
-    got = sampled_block_mass(qs[:, :, pos], valid[:, pos], pos, ks, valid, b, r, 1.0, chunk)
+    got = sampled_block_mass(
+        qs[:, :, pos], valid[:, pos], pos, ks, valid, b, r, 1.0, chunk, pool=pool
+    )
     n = -(-t // b)
     want = torch.zeros(2, hkv, h // hkv, n, n)
     count = torch.zeros(2, n)
@@ -262,16 +291,20 @@ def test_sampled_estimator_equals_brute_force_block_mass(
             for hi in range(h):
                 seen = [j for j in range(p + 1) if valid[bi, j]]
                 logits = torch.stack([qs[bi, hi, p] @ ks[bi, hi // 2, j] for j in seen]) / r**0.5
-                probs = torch.softmax(logits, 0)
-                for j, pr in zip(seen, probs, strict=True):
-                    want[bi, hi // 2, hi % 2, p // b, j // b] += pr
-    want = want / count.clamp(min=1)[:, None, None, :, None]
+                mass = torch.zeros(n).index_add_(
+                    0, torch.tensor(seen) // b, torch.softmax(logits, 0)
+                )
+                row = want[bi, hi // 2, hi % 2, p // b]
+                row.copy_(torch.maximum(row, mass) if pool == "max" else row + mass)
+    if pool == "mean":
+        want = want / count.clamp(min=1)[:, None, None, :, None]
     assert torch.allclose(got, want, atol=1e-5)
     step = sketch._chunk_queries(pos, t, h * t * 2, chunk)
     assert bool(split) == (parts > 1 and pos.numel() >= parts * 2 * step)  # 2 chunks a part
-    rows = got.sum(-1)  # every scored row is a distribution
-    scored = (count > 0)[:, None, None, :].expand_as(rows)
-    assert torch.allclose(rows[scored], torch.ones(1), atol=1e-5)
+    if pool == "mean":  # every scored row is a distribution
+        rows = got.sum(-1)
+        scored = (count > 0)[:, None, None, :].expand_as(rows)
+        assert torch.allclose(rows[scored], torch.ones(1), atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -279,12 +312,13 @@ def test_sampled_estimator_equals_brute_force_block_mass(
     [(16, 16, 4, 0, False), (16, 16, 4, 0, True), (16, 8, 2, 3, False), (12, 32, 0, 0, True),
      (16, 8, 2, 0, True)],
 )  # fmt: skip
+@pytest.mark.parametrize("pool", ["mean", "max"])
 def test_decode_sampled_estimate_scores_the_last_window_queries_against_every_key(
-    d, r, samples, pad, all_valid
+    d, r, samples, pad, all_valid, pool
 ):
     """Decode's sampled estimate: the last `samples` sketched window queries, each scored against
     every real key in the sketched space ((S q).(S k), the sketch of any r), block masses
-    averaged over the real ones. all_valid: the one-row path without padding (a partial last
+    averaged over the real ones (pool "max": their largest). all_valid: the one-row path without padding (a partial last
     block: 45 keys in blocks of 8)."""
     from sketchwalk.engine.config import SketchWalkConfig
     from sketchwalk.engine.decode import decode_sampled_mass
@@ -297,7 +331,7 @@ def test_decode_sampled_estimate_scores_the_last_window_queries_against_every_ke
     keys = torch.randn(2, hkv, lk, d) * 2
     valid = torch.ones(2, lk, dtype=torch.bool)
     valid[1, :pad] = False
-    cfg = SketchWalkConfig(block_size=b, query_samples=samples, sketch_dim=r)
+    cfg = SketchWalkConfig(block_size=b, query_samples=samples, sketch_dim=r, pool=pool)
     got = decode_sampled_mass(window, srht, keys, valid, cfg, d, all_valid)
     used = window[:, :, -(samples or w) :]
     sk = srht(keys)
@@ -309,8 +343,9 @@ def test_decode_sampled_estimate_scores_the_last_window_queries_against_every_ke
             for qi in range(used.shape[2]):
                 logits = torch.stack([used[bi, hi, qi] @ sk[bi, hi // 2, j] for j in seen])
                 probs = torch.softmax(logits / d**0.5, 0)
-                for j, pr in zip(seen, probs, strict=True):
-                    want[bi, hi // 2, hi % 2, 0, j // b] += pr / used.shape[2]
+                mass = torch.zeros(n).index_add_(0, torch.tensor(seen) // b, probs)
+                row = want[bi, hi // 2, hi % 2, 0]
+                row.copy_(torch.maximum(row, mass) if pool == "max" else row + mass / used.shape[2])
     assert torch.allclose(got, want, atol=1e-4)
 
 
