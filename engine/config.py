@@ -116,7 +116,8 @@ class SketchWalkConfig:
         "max",
         "how the block scores of what shares one list combine (an estimator's scored queries "
         "in a block, the blocks of a query tile, the heads of a group): 'max' ranks a block by "
-        "the one that needs it most, 'mean' by their average mass",
+        "the one that needs it most (it pays with 4 or more scored queries per block), 'mean' "
+        "by their average mass (as good with 1 or 2)",
         label="Pooling",
         choices=POOLS,
     )

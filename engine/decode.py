@@ -3,8 +3,8 @@
 A prefill (engine/pipeline.py) leaves each layer its block transition estimate A_l, the sketched
 block sums and the last queries; here a decode token or a chunk of queries joins those sums,
 refreshes the rows of A_l it changes, walks the new rows and selects again, or keeps the last
-selection on the config's re-selection cadence (`reusable`). The state belongs to one sequence and is
-mutated in place; everything else is a function of it and the config.
+selection on the config's re-selection cadence (`reusable`). The state belongs to one sequence
+and is mutated in place; everything else is a function of it and the config.
 """
 
 from __future__ import annotations
@@ -448,9 +448,9 @@ def decode_sampled_mass(
     """The sampled estimator in decode, [B, Hkv, G, 1, n]: the last query_samples queries of the
     window (0: all of it) scored against every key in the cache, each seeing all of them (they
     stand for the current row), their block masses pooled (cfg.pool). The window holds sketched
-    queries S q; (S q) S^T scored against raw keys is the sketched inner product (S q).(S k) for any r,
-    so the cache is never sketched. Cost: samples x H x T x d, once per fresh selection (with
-    decode_reselect 0: once per key block). all_valid: no padding, so the one-row path
+    queries S q; (S q) S^T scored against raw keys is the sketched inner product (S q).(S k) for
+    any r, so the cache is never sketched. Cost: samples x H x T x d, once per fresh selection
+    (with decode_reselect 0: once per key block). all_valid: no padding, so the one-row path
     (sketch.current_row_mass) applies."""
     lk = keys.shape[2]
     s = cfg.query_samples or window.shape[2]

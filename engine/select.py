@@ -278,9 +278,9 @@ def group_budget_keep(
     """[B, G, nq, nk] kept when the rows of a tile (gid [nq]: tile of each row) share one list.
 
     A tile's block costs one pair per row that can see it and does not already keep it; its value
-    per pair is the rows' mean score, or with pool "max" their largest (tile_offers). Blocks are taken best value first, anywhere in the layer,
-    while the running cost stays within density x candidate pairs (never over), then every row of
-    the tile keeps them where causal. With one row per tile this is layer_budget_keep.
+    per pair is the rows' mean score, or with pool "max" their largest (tile_offers). Blocks are
+    taken best value first, anywhere in the layer, while the running cost stays within density x
+    candidate pairs (never over), then every row of the tile keeps them where causal. With one row per tile this is layer_budget_keep.
     """
     bsz, groups, nq, nk = scores.shape
     ng = int(gid[-1]) + 1

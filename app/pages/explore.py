@@ -212,7 +212,12 @@ def layer_panel(
         "when the profile is uniform).",
     )
     m[2].metric(
-        "Sketch error (TV)", "–" if np.isnan(row["sketch_error"]) else f"{row['sketch_error']:.3f}"
+        "Sketch error (TV)",
+        "–" if np.isnan(row["sketch_error"]) else f"{row['sketch_error']:.3f}",
+        help="Total-variation distance between the block estimate and the exact mean block "
+        "mass, per row. With max pooling (the default) the estimate ranks each block by the "
+        "query or head that needs it most, so it differs from the mean mass by design: compare "
+        "runs of one pooling.",
     )
     m[3].metric("Mass recall", "–" if np.isnan(row["mass_recall"]) else f"{row['mass_recall']:.3f}")
     n_miss = (
