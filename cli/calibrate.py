@@ -63,7 +63,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         )
     ids = lm.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
     ids = ids[:, : args.tokens].to(lm.model.device)
-    source = f"{lm.model_id}, first {ids.shape[1]} tokens of {name}, block {cfg.block_size}"
+    source = (
+        f"{lm.model_id}, first {ids.shape[1]} tokens of {name}, block {cfg.block_size}, "
+        f"{cfg.pool} pooling"
+    )
     profile = calibrate(lm.model, ids, cfg, source)
     path = save(profile, args.out)
     at = profile.at(0.2)

@@ -308,8 +308,8 @@ def tile_offers(
     budget_masks (gid [nq]: each row's tile; one tile per row when rows do not share lists).
     A block's value is the mean score of the tile's rows that can see it, or with pool "max" the
     largest: a shared list serves every row, and the row that needs a block most is the one
-    hurt most without it (docs/quality.md measures both). engine/layer_profile.py ranks the
-    offers of the exact mass (pool "mean") across layers."""
+    hurt most without it (docs/quality.md measures both). The calibration (eval/calibrate.py)
+    ranks the offers of the exact mass, pooled the same way, across layers."""
     bsz, groups, nq, nk = scores.shape
     ng = int(gid[-1]) + 1
     free = cand & ~forced  # [B, nq, nk]

@@ -1,8 +1,9 @@
 """Calibrate a model's layer profile from the dense model's exact attention on a text.
 
-One dense prefill; at every layer the config would run sparse, the exact block mass is turned
-into what that layer's budget could buy (engine/select.py tile_offers, the items the selection
-ranks) and the items of all layers are ranked together (engine/layer_profile.py allocate).
+One dense prefill; at every layer the config would run sparse, the exact block mass, pooled as
+the config pools (`pool`), is turned into what that layer's budget could buy (engine/select.py
+tile_offers, the items the selection ranks) and the items of all layers are ranked together
+(engine/layer_profile.py allocate).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 from sketchwalk.engine.config import SketchWalkConfig
 from sketchwalk.engine.hook import NAME
 from sketchwalk.engine.layer_profile import TARGETS, LayerProfile, allocate, fingerprint
-from sketchwalk.engine.pipeline import key_span
+from sketchwalk.engine.pipeline import key_span, layer_exact
 from sketchwalk.engine.recorder import LayerStep, RecorderOptions
 from sketchwalk.engine.select import ForcedRule, Offers, budget_masks, tile_offers
 from sketchwalk.engine.session import sketch_walk_session
@@ -39,13 +40,17 @@ class OfferCollector:
         cfg = self.cfg
         if cfg.is_dense_layer(obs.layer) or obs.exact is None:
             return
-        exact = obs.exact[:1]
+        exact = obs.exact[:1]  # the recorder's ground truth: the mean mass
+        if cfg.pool != "mean":  # rank what the selection will rank (max-pooled: KL -22 to -33%)
+            exact = layer_exact(obs.q[:1], obs.k[:1], obs.key_valid[:1], obs.scale, cfg)
         rows = torch.arange(exact.shape[2], device=exact.device)
         start, end = key_span(obs.key_valid[:1])
         cand, forced, gid, _ = budget_masks(
             exact.shape, rows, ForcedRule.of(cfg), start, end, row_group=cfg.rows_per_list
         )
-        self.offers[obs.layer] = tile_offers(exact, cand, forced, rows if gid is None else gid)
+        self.offers[obs.layer] = tile_offers(
+            exact, cand, forced, rows if gid is None else gid, cfg.pool
+        )
 
 
 @torch.no_grad()

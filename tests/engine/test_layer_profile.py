@@ -259,6 +259,32 @@ def test_calibrating_a_tiny_model_gives_a_profile_its_runs_find(tmp_path, monkey
     assert mean == pytest.approx(0.3, abs=0.03)
 
 
+def test_calibration_ranks_the_exact_mass_pooled_as_the_selection_pools(monkeypatch):
+    """The offers come from the exact mass pooled like the config (max: the largest mass over a
+    block's queries and a group's heads), so the two poolings give different profiles."""
+    import sketchwalk.eval.calibrate as cal
+
+    seen = []
+    real = cal.tile_offers
+
+    def spy(exact, cand, forced, gid, pool="mean"):
+        seen.append((exact, pool))
+        return real(exact, cand, forced, gid, pool)
+
+    monkeypatch.setattr(cal, "tile_offers", spy)
+    model = tiny_llama(layers=3)
+    ids = torch.randint(1, 128, (1, 512), generator=torch.Generator().manual_seed(5))
+    profiles = {}
+    for pool in ("mean", "max"):
+        seen.clear()
+        profiles[pool] = calibrate(model, ids, SketchWalkConfig(dense_layers=(0,), pool=pool))
+        assert [p for _, p in seen] == [pool, pool]  # layers 1 and 2
+        for exact, _ in seen:
+            rows = exact.sum(-1)  # both poolings give rows that sum to 1 where a row sees keys
+            assert torch.allclose(rows[rows > 0], torch.ones(1), atol=1e-5)
+    assert profiles["mean"].densities != profiles["max"].densities
+
+
 def test_calibrate_refuses_what_it_cannot_calibrate():
     from sketchwalk.errors import SketchWalkError
 
