@@ -121,6 +121,22 @@ def test_causal_block_softmax_masks_before_normalising():
     assert torch.allclose(p[0, 0, 0, 1], torch.tensor([0.5, 0.5, 0, 0]))
 
 
+def test_causal_block_softmax_zeroes_rows_that_see_no_real_block():
+    """Left padding: rows whose visible blocks hold no real key are all zero, not NaN, and the
+    other rows are the softmax over their real causal blocks alone."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 1, 1, 5, 5)
+    valid = torch.tensor([[False, False, True, True, True], [True] * 5])
+    p = causal_block_softmax(logits, valid, torch.arange(5))
+    assert not torch.isnan(p).any()
+    assert torch.all(p[0, ..., :2, :] == 0)
+    for row in range(2, 5):
+        want = torch.softmax(logits[0, 0, 0, row, 2 : row + 1], -1)
+        assert torch.allclose(p[0, 0, 0, row, 2 : row + 1], want)
+        assert torch.all(p[0, 0, 0, row, :2] == 0) and torch.all(p[0, 0, 0, row, row + 1 :] == 0)
+    assert torch.allclose(p[1].sum(-1), torch.ones(1, 1, 5))
+
+
 @pytest.mark.parametrize(
     "t, b, pad, samples, r", [(96, 16, 0, 4, 16), (77, 8, 5, 2, 8), (50, 8, 3, 0, 32)]
 )
