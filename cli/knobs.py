@@ -16,13 +16,13 @@ def flag_name(name: str, flag: str = "") -> str:
 
 def add_config_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
     """--preset and one flag per declared knob (except `exclude`), grouped like the app."""
-    from sketchwalk.engine.config import PRESETS, default_of, knobs
+    from sketchwalk.engine.config import PRESETS, default_of, knobs, presets_help
 
     p.add_argument(
         "--preset",
         choices=tuple(PRESETS),
         default="default",
-        help="start from a preset: default (measured best) or paper (the published knobs)",
+        help=f"start from a preset ({presets_help()})".replace("%", "%%"),  # argparse formats help
     )
     groups = {
         "basic": p.add_argument_group("method"),

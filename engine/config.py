@@ -398,6 +398,16 @@ LEGACY: dict[str, Any] = {
 PRESETS: dict[str, dict[str, Any]] = {
     # This project's measured best at 20% density on the default model (docs/quality.md).
     "default": {},
+    # The cheapest selection with the defaults' blocks, tiles, profile and pooling: block means
+    # over 16-token blocks, no walk. Selection ~4% of dense attention at 8k tokens (the defaults'
+    # sampled estimator and walk: 33-42%); at 7376 tokens prefill 1.40x and decode 1.24x of
+    # dense where the defaults ran 1.14x / 0.95x in the same session; KL 2-5x the defaults'
+    # (GPL-3 6k 0.043, Apache-2.0 0.071, MPL-2.0 0.062, argparse.py 0.045; docs/quality.md).
+    "balanced": {
+        "estimator": "mean",
+        "query_samples": 0,
+        "beta": 0.0,
+    },
     # Speed first: 64-token blocks (the CPU kernel's calls stay long) and the block-mean
     # estimator; per-group lists and one budget per layer as in the default; decode re-selects
     # once per key block whatever the context length. No dense layers:
@@ -434,6 +444,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         "pool": "mean",
     },
 }
+
+
+# What each preset is for, in the words the command line's and the app's help show.
+PRESET_NOTES: dict[str, str] = {
+    "default": "this project's measured best",
+    "balanced": "block means, no walk: selection ~4% of dense attention, KL 2-5x the default's",
+    "fast": "64-token blocks and block means: speed first",
+    "paper": "the published configuration",
+}
+
+
+def presets_help() -> str:
+    """One line naming every preset and what it is for."""
+    return "; ".join(f"{name}: {PRESET_NOTES[name]}" for name in PRESETS)
 
 
 def preset(name: str, **overrides: Any) -> SketchWalkConfig:

@@ -6,7 +6,7 @@ import streamlit as st
 
 from sketchwalk import access, settings
 from sketchwalk.app import knob_widgets, prompts, widgets
-from sketchwalk.engine.config import PRESETS, ConfigError
+from sketchwalk.engine.config import PRESETS, ConfigError, presets_help
 from sketchwalk.engine.request import Limits, RequestError, RunRequest
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.text import plain_markdown
@@ -59,7 +59,7 @@ with right:
         tuple(PRESETS),
         key="nr_preset",
         on_change=knob_widgets.apply_preset,
-        help="default: this project's measured best; paper: the published configuration",
+        help=presets_help(),
     )
 
 errors: list[str] = []

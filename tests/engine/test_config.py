@@ -1,6 +1,15 @@
 import pytest
 
-from sketchwalk.engine.config import LEGACY, PRESETS, ConfigError, SketchWalkConfig, knobs, preset
+from sketchwalk.engine.config import (
+    LEGACY,
+    PRESET_NOTES,
+    PRESETS,
+    ConfigError,
+    SketchWalkConfig,
+    knobs,
+    preset,
+    presets_help,
+)
 from sketchwalk.errors import SketchWalkError
 
 
@@ -19,6 +28,21 @@ def test_the_paper_preset_is_the_published_configuration():
         True,
         "layer",
     )
+
+
+def test_the_balanced_preset_is_the_default_with_block_means_and_no_walk():
+    """Only the estimate changes: blocks, tiles, groups, budget, profile and pooling stay."""
+    c, d = preset("balanced"), SketchWalkConfig()
+    assert (c.estimator, c.query_samples, c.beta) == ("mean", 0, 0.0)
+    assert c.effective_beta == 0.0
+    changed = {k for k, v in c.to_dict().items() if v != d.to_dict()[k]}
+    assert changed == {"estimator", "query_samples", "beta"}
+
+
+def test_every_preset_says_what_it_is_for():
+    assert set(PRESET_NOTES) == set(PRESETS)
+    line = presets_help()
+    assert all(f"{name}: {note}" in line for name, note in PRESET_NOTES.items())
 
 
 def test_every_knob_is_declared_with_help_and_presets_name_only_knobs():
