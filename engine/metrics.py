@@ -51,6 +51,29 @@ class PromptComparison:
             "ppl_sparse": perplexity(self.logprob_sparse),
         }
 
+    def nll_increase(self) -> torch.Tensor:
+        """Per position, how much more the sparse model is surprised by the true token (nats;
+        their mean is the log of the perplexity ratio)."""
+        return self.logprob_dense - self.logprob_sparse
+
+    def where_lost(self, worst: tuple[int, ...] = (10, 100)) -> dict[str, float]:
+        """Where the perplexity goes, as points of the mean NLL increase (x100): per span of
+        positions (0-1023, 1024-2047, then doubling) and carried by the `worst` positions.
+        A loss spread over every position and one carried by a few tokens call for different
+        fixes (docs/quality.md)."""
+        d = self.nll_increase().double()
+        t = d.numel()
+        out = {"total": 100 * float(d.mean()) if t else float("nan")}
+        start, end = 0, 1024
+        while start < t:
+            label = f"{start}-{min(end, t) - 1}"
+            out[label] = 100 * float(d[start:end].sum()) / t
+            start, end = end, 2 * end
+        ranked = d.sort(descending=True).values
+        for k in worst:
+            out[f"worst {k}"] = 100 * float(ranked[:k].sum()) / t if t else float("nan")
+        return out
+
 
 def _compare_rows(
     dense_logits: torch.Tensor, sparse_logits: torch.Tensor, targets: torch.Tensor

@@ -4,7 +4,8 @@
         --config '{"density": 0.4}' --config '{"density": 0.4, "window": 0.1, "dense_tail_blocks": 0}'
 
 Prints achieved density (sparse layers / all layers), mean KL(dense || sparse), top-1 agreement and
-perplexity dense -> sparse for each config: the numbers in the README's quality table.
+perplexity dense -> sparse for each config: the numbers in the README's quality table (--where:
+also where the perplexity goes, by position and worst tokens).
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ def evaluate(model, ids: torch.Tensor, configs: list[dict]) -> Iterator[dict]:
             knobs = dict(kw)
             with sketch_walk_session(preset(knobs.pop("preset", "default"), **knobs)) as s:
                 sparse = model(ids).logits[0]
-            m = compare_prompt(dense, sparse, ids[0]).summary()
+            cmp = compare_prompt(dense, sparse, ids[0])
             yield {
                 "tokens": ids.shape[1],
                 "config": kw,
                 "density": s.density("prefill"),
                 "density_all": s.density("prefill", sparse_only=False),
-                **m,
+                **cmp.summary(),
+                "where": cmp.where_lost(),
             }
     finally:
         model.set_attn_implementation("sdpa")
@@ -62,6 +64,12 @@ def main() -> None:
         default=None,
         help='knobs as JSON, e.g. {"density": 0.2} or {"preset": "paper", "density": 0.2}',
     )
+    p.add_argument(
+        "--where",
+        action="store_true",
+        help="also print where the perplexity goes: the NLL increase per span of positions and "
+        "the share the 10 and 100 worst tokens carry",
+    )
     args = p.parse_args()
     configs = [json.loads(c) for c in (args.config or ['{"density": 0.2}'])]
     lm = load_model(args.model)
@@ -78,6 +86,9 @@ def main() -> None:
                 f"ppl {r['ppl_dense']:.2f} -> {r['ppl_sparse']:.2f}",
                 flush=True,
             )
+            if args.where:
+                parts = ", ".join(f"{k} {v:+.2f}" for k, v in r["where"].items() if k != "total")
+                print(f"        NLL {r['where']['total']:+.2f}% of it: {parts}", flush=True)
 
 
 if __name__ == "__main__":
