@@ -401,7 +401,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The cheapest selection with the defaults' blocks, tiles, profile and pooling: block means
     # over 16-token blocks, no walk. Selection ~4% of dense attention at 8k tokens (the defaults'
     # sampled estimator and walk: 33-42%); at 7376 tokens prefill 1.40x and decode 1.24x of
-    # dense where the defaults ran 1.14x / 0.95x in the same session; KL 2-5x the defaults'
+    # dense where the defaults ran 1.14x / 0.95x in the same session; KL 1.4-3.4x the defaults'
     # (GPL-3 6k 0.043, Apache-2.0 0.071, MPL-2.0 0.062, argparse.py 0.045; docs/quality.md).
     "balanced": {
         "estimator": "mean",
@@ -449,7 +449,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # What each preset is for, in the words the command line's and the app's help show.
 PRESET_NOTES: dict[str, str] = {
     "default": "this project's measured best",
-    "balanced": "block means, no walk: selection ~4% of dense attention, KL 2-5x the default's",
+    "balanced": "block means, no walk: selection ~4% of dense attention, KL 1.4-3.4x the default's",
     "fast": "64-token blocks and block means: speed first",
     "paper": "the published configuration",
 }
