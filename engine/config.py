@@ -190,6 +190,16 @@ class SketchWalkConfig:
         label="Estimator",
         choices=ESTIMATORS,
     )
+    sampled_depth: float = knob(
+        0.0,
+        "the first fraction of the model's layers estimate with the sampled estimator "
+        "(query_samples queries per block) whatever `estimator` says: block means cost least "
+        "but fail in a small model's early layers (SmolLM2: layers 3-10, attention output error "
+        "3-7x the sampled estimator's), so a cheap selection can keep single queries there only",
+        label="Sampled estimator up to depth",
+        lo=0.0,
+        hi=1.0,
+    )
     query_samples: int = knob(
         4,
         "token-level estimators: evenly spaced queries scored per block (0 = every query)",
@@ -295,6 +305,13 @@ class SketchWalkConfig:
         """Methods that switch the walk off (nowalk: the per-layer baseline) read beta as 0."""
         return self.beta if self.method_spec.walks else 0.0
 
+    def at_depth(self, layer: int, n_layers: int) -> SketchWalkConfig:
+        """This config for one of the model's n_layers layers: the sampled estimator where the
+        layer lies within the first sampled_depth of the model (block ids start at 0)."""
+        if self.estimator == "sampled" or layer >= self.sampled_depth * n_layers:
+            return self
+        return self.with_(estimator="sampled")
+
     def for_estimate(self, recorded: bool) -> SketchWalkConfig:
         """The config a layer's sketch runs with: this one, or, when neither the method's scores
         nor a recorder read the block estimate (streaming, quest, xattention, oracle), the
@@ -391,6 +408,7 @@ LEGACY: dict[str, Any] = {
     "decode_stagger": False,
     "layer_profile": "uniform",
     "pool": "mean",
+    "sampled_depth": 0.0,
 }
 
 # ---- presets: data next to the declaration ----------------------------------------------------
@@ -398,15 +416,15 @@ LEGACY: dict[str, Any] = {
 PRESETS: dict[str, dict[str, Any]] = {
     # This project's measured best at 20% density on the default model (docs/quality.md).
     "default": {},
-    # The cheapest selection with the defaults' blocks, tiles, profile and pooling: block means
-    # over 16-token blocks, no walk. Selection ~4% of dense attention at 8k tokens (the defaults'
-    # sampled estimator and walk: 33-42%); at 7376 tokens prefill 1.40x and decode 1.24x of
-    # dense where the defaults ran 1.14x / 0.95x in the same session; KL 1.4-3.4x the defaults'
-    # (GPL-3 6k 0.043, Apache-2.0 0.071, MPL-2.0 0.062, argparse.py 0.045; docs/quality.md).
+    # A cheap selection with the defaults' blocks, tiles, profile and pooling: block means (one
+    # mean query against one mean key per 16-token block pair) and no walk, except in the first
+    # 35% of the layers, whose blocks the sampled estimator scores with 2 queries per block
+    # (block means fail there: docs/quality.md). Numbers in docs/quality.md and the README.
     "balanced": {
         "estimator": "mean",
-        "query_samples": 0,
+        "query_samples": 2,
         "beta": 0.0,
+        "sampled_depth": 0.35,
     },
     # Speed first: 64-token blocks (the CPU kernel's calls stay long) and the block-mean
     # estimator; per-group lists and one budget per layer as in the default; decode re-selects
@@ -449,7 +467,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # What each preset is for, in the words the command line's and the app's help show.
 PRESET_NOTES: dict[str, str] = {
     "default": "this project's measured best",
-    "balanced": "block means, no walk: selection ~4% of dense attention, KL 1.4-3.4x the default's",
+    "balanced": "block means (sampled queries in the first 35% of layers), no walk: a cheap selection",
     "fast": "64-token blocks and block means: speed first",
     "paper": "the published configuration",
 }

@@ -63,17 +63,20 @@ class Session:
     # None until the attention hook binds the model (bind_model)
     layer_density: dict[int, tuple[float, ...]] | None = None
     _layer_cfgs: dict[int, SketchWalkConfig] = field(default_factory=dict)
+    n_layers: int = 0  # the bound model's layers (0: unknown, sampled_depth does not apply)
 
     def bind_model(self, model_config: object) -> None:
         """Read the model's layer profile once (engine/layer_profile.py); the hook passes the
         attention module's config, the one handle to the model a layer call has."""
         if self.layer_density is None:
             self.layer_density = layer_densities(self.cfg, model_config)
+            self.n_layers = int(getattr(model_config, "num_hidden_layers", 0) or 0)
 
     def cfg_for(self, layer: int) -> SketchWalkConfig:
         """The config a layer selects with: cfg, at the layer's profile densities (one per
-        selection group, `density` their mean) if it has them, with the estimate its method
-        and the recorder need (SketchWalkConfig.for_estimate)."""
+        selection group, `density` their mean) if it has them, with the estimator of its depth
+        in the model (SketchWalkConfig.at_depth) and the estimate its method and the recorder
+        need (SketchWalkConfig.for_estimate)."""
         c = self._layer_cfgs.get(layer)
         if c is None:
             c = self.cfg
@@ -81,7 +84,7 @@ class Session:
             if d is not None:
                 mean = min(sum(d) / len(d), 1.0)
                 c = c.with_(density=mean, group_density=d if len(d) > 1 else ())
-            c = c.for_estimate(recorded=self.recorder is not None)
+            c = c.at_depth(layer, self.n_layers).for_estimate(self.recorder is not None)
             if self.layer_density is not None:  # bound: the layer's config is final
                 self._layer_cfgs[layer] = c
         return c

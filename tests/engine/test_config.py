@@ -33,10 +33,25 @@ def test_the_paper_preset_is_the_published_configuration():
 def test_the_balanced_preset_is_the_default_with_block_means_and_no_walk():
     """Only the estimate changes: blocks, tiles, groups, budget, profile and pooling stay."""
     c, d = preset("balanced"), SketchWalkConfig()
-    assert (c.estimator, c.query_samples, c.beta) == ("mean", 0, 0.0)
+    assert (c.estimator, c.query_samples, c.beta, c.sampled_depth) == ("mean", 2, 0.0, 0.35)
     assert c.effective_beta == 0.0
     changed = {k for k, v in c.to_dict().items() if v != d.to_dict()[k]}
-    assert changed == {"estimator", "query_samples", "beta"}
+    assert changed == {"estimator", "query_samples", "beta", "sampled_depth"}
+
+
+@pytest.mark.parametrize("depth, n_layers", [(0.0, 30), (0.35, 30), (0.5, 4), (1.0, 7), (0.35, 0)])
+def test_sampled_depth_gives_the_first_layers_the_sampled_estimator(depth, n_layers):
+    cfg = SketchWalkConfig(estimator="mean", query_samples=2, sampled_depth=depth)
+    for layer in range(max(n_layers, 3)):
+        at = cfg.at_depth(layer, n_layers)
+        if layer < depth * n_layers:
+            assert at == cfg.with_(estimator="sampled")
+        else:
+            assert at is cfg
+    sampled = cfg.with_(estimator="sampled")
+    assert sampled.at_depth(0, 30) is sampled
+    with pytest.raises(ConfigError, match="sampled depth"):
+        SketchWalkConfig(sampled_depth=1.5)
 
 
 def test_every_preset_says_what_it_is_for():

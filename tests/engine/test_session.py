@@ -119,3 +119,28 @@ def test_the_phase_comes_from_the_tokens_already_cached():
     assert s.step == 1 and s.chunk_walk is not None
     s.attend(0, q[:, :, :1], k[:, :, :1], k[:, :, :1], None, 0.25)  # a one-token prompt
     assert s.step == 0 and s.decode_states[0].a.shape[-1] == 1
+
+
+def test_sampled_depth_switches_the_first_layers_to_the_sampled_estimator():
+    """Prefill and decode: sampled_depth 1 with block means is the sampled estimator in every
+    layer, bit for bit; 0.5 of 4 layers samples in layers 0-1 and keeps block means after."""
+    model = tiny_llama(layers=4)
+    model.set_attn_implementation("sketch_walk")
+    ids = torch.randint(1, 128, (1, 72), generator=torch.Generator().manual_seed(3))
+    base = dict(block_size=8, query_block=0, density=0.3, dense_layers=(), query_samples=2)
+
+    def run(**kw):
+        with sketch_walk_session(SketchWalkConfig(**base, **kw)) as s:
+            logits = model(ids).logits
+            dec = greedy(model, ids, 4, None)
+        return logits, (dec.new_ids, dec.new_logits), [s.cfg_for(i).estimator for i in range(4)]
+
+    deep, deep_tokens, deep_est = run(estimator="mean", sampled_depth=1.0)
+    sampled, sampled_tokens, sampled_est = run(estimator="sampled")
+    assert deep_est == sampled_est == ["sampled"] * 4
+    assert torch.equal(deep, sampled) and deep_tokens[0] == sampled_tokens[0]
+    assert torch.equal(deep_tokens[1], sampled_tokens[1])
+    _, _, half = run(estimator="mean", sampled_depth=0.5)
+    assert half == ["sampled", "sampled", "mean", "mean"]
+    _, _, none = run(estimator="mean")
+    assert none == ["mean"] * 4
