@@ -195,7 +195,7 @@ class SketchWalkConfig:
         "the first fraction of the model's layers estimate with the sampled estimator "
         "(query_samples queries per block) whatever `estimator` says: block means cost least "
         "but fail in a small model's early layers (SmolLM2: layers 3-10, attention output error "
-        "3-7x the sampled estimator's), so a cheap selection can keep single queries there only",
+        "up to 7x the sampled estimator's), so a cheap selection can keep single queries there",
         label="Sampled estimator up to depth",
         lo=0.0,
         hi=1.0,
@@ -416,16 +416,6 @@ LEGACY: dict[str, Any] = {
 PRESETS: dict[str, dict[str, Any]] = {
     # This project's measured best at 20% density on the default model (docs/quality.md).
     "default": {},
-    # A cheap selection with the defaults' blocks, tiles, profile and pooling: block means (one
-    # mean query against one mean key per 16-token block pair) and no walk, except in the first
-    # 35% of the layers, whose blocks the sampled estimator scores with 2 queries per block
-    # (block means fail there: docs/quality.md). Numbers in docs/quality.md and the README.
-    "balanced": {
-        "estimator": "mean",
-        "query_samples": 2,
-        "beta": 0.0,
-        "sampled_depth": 0.35,
-    },
     # Speed first: 64-token blocks (the CPU kernel's calls stay long) and the block-mean
     # estimator; per-group lists and one budget per layer as in the default; decode re-selects
     # once per key block whatever the context length. No dense layers:
@@ -467,7 +457,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 # What each preset is for, in the words the command line's and the app's help show.
 PRESET_NOTES: dict[str, str] = {
     "default": "this project's measured best",
-    "balanced": "block means (sampled queries in the first 35% of layers), no walk: a cheap selection",
     "fast": "64-token blocks and block means: speed first",
     "paper": "the published configuration",
 }

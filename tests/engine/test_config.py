@@ -30,15 +30,6 @@ def test_the_paper_preset_is_the_published_configuration():
     )
 
 
-def test_the_balanced_preset_is_the_default_with_block_means_and_no_walk():
-    """Only the estimate changes: blocks, tiles, groups, budget, profile and pooling stay."""
-    c, d = preset("balanced"), SketchWalkConfig()
-    assert (c.estimator, c.query_samples, c.beta, c.sampled_depth) == ("mean", 2, 0.0, 0.35)
-    assert c.effective_beta == 0.0
-    changed = {k for k, v in c.to_dict().items() if v != d.to_dict()[k]}
-    assert changed == {"estimator", "query_samples", "beta", "sampled_depth"}
-
-
 @pytest.mark.parametrize("depth, n_layers", [(0.0, 30), (0.35, 30), (0.5, 4), (1.0, 7), (0.35, 0)])
 def test_sampled_depth_gives_the_first_layers_the_sampled_estimator(depth, n_layers):
     cfg = SketchWalkConfig(estimator="mean", query_samples=2, sampled_depth=depth)
