@@ -118,6 +118,12 @@ def run_attention(args: argparse.Namespace) -> int:
             "each small parallel op of the sparse path can wait a scheduler tick (~8 ms here)",
             file=sys.stderr,
         )
+    knobs = config_from_args(args, density=args.density[0])  # each row sets its own density
+    if knobs.sampled_depth > 0:
+        raise SketchWalkError(
+            "bench attention times one layer, and sampled depth picks a layer's estimator by its "
+            "depth in a model: time --estimator sampled and mean apart, or use bench model"
+        )
     phases = ("prefill", "decode") if args.phase == "both" else (args.phase,)
     total = len(args.shape) * len(args.seq_len) * len(args.density) * len(phases)
     with tqdm(total=total, desc="bench attention", unit="config", file=sys.stderr) as bar:
@@ -134,7 +140,7 @@ def run_attention(args: argparse.Namespace) -> int:
             flex=args.flex,
             block_size=args.block_size,
             query_block=args.query_block,
-            knobs=config_from_args(args, density=args.density[0]),  # each row sets its own
+            knobs=knobs,
         )
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0

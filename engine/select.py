@@ -280,7 +280,8 @@ def group_budget_keep(
     A tile's block costs one pair per row that can see it and does not already keep it; its value
     per pair is the rows' mean score, or with pool "max" their largest (tile_offers). Blocks are
     taken best value first, anywhere in the layer, while the running cost stays within density x
-    candidate pairs (never over), then every row of the tile keeps them where causal. With one row per tile this is layer_budget_keep.
+    candidate pairs (never over), then every row of the tile keeps them where causal. With one
+    row per tile this is layer_budget_keep.
     """
     bsz, groups, nq, nk = scores.shape
     ng = int(gid[-1]) + 1

@@ -68,6 +68,7 @@ def test_cli_json(capsys):
         (["--seq-len", "0"], "sequence length must be at least 1"),
         (["--repeats", "0"], "repeats must be at least 1"),
         (["--device", "cuda"], "no CUDA device"),
+        (["--sampled-depth", "0.35"], "times one layer"),
     ],
 )
 def test_cli_bad_input_is_one_line(capsys, extra, message):
