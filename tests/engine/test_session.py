@@ -129,6 +129,7 @@ def test_sampled_depth_switches_the_first_layers_to_the_sampled_estimator():
     ids = torch.randint(1, 128, (1, 72), generator=torch.Generator().manual_seed(3))
     base = dict(block_size=8, query_block=0, density=0.3, dense_layers=(), query_samples=2)
 
+    @torch.no_grad()  # inference, as every run of the engine is
     def run(**kw):
         with sketch_walk_session(SketchWalkConfig(**base, **kw)) as s:
             logits = model(ids).logits
