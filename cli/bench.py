@@ -50,6 +50,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--query-block", type=int, default=None, metavar="M", help="query tile (default: config's)"
     )
+    p.add_argument(
+        "--layer-depth",
+        type=float,
+        default=0.0,
+        metavar="D",
+        help="the timed layer's depth in a model, 0-1: below --sampled-depth it estimates with "
+        "the sampled estimator (default 0: a first layer, the costlier estimate)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     add_config_args(p, exclude=("density", "block_size", "query_block", "phases"))
     p.set_defaults(func=run_attention)
@@ -91,6 +99,8 @@ def _validate(args: argparse.Namespace) -> None:
             raise SketchWalkError(f"sequence length must be at least 1, got {n}")
     if args.repeats < 1:
         raise SketchWalkError(f"repeats must be at least 1, got {args.repeats}")
+    if not 0.0 <= getattr(args, "layer_depth", 0.0) <= 1.0:
+        raise SketchWalkError(f"layer depth must be in [0, 1], got {args.layer_depth}")
     b = args.block_size
     if b is not None and (b < 1 or b & (b - 1)):
         raise SketchWalkError(f"block size must be a positive power of two, got {b}")
@@ -119,11 +129,8 @@ def run_attention(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     knobs = config_from_args(args, density=args.density[0])  # each row sets its own density
-    if knobs.sampled_depth > 0:
-        raise SketchWalkError(
-            "bench attention times one layer, and sampled depth picks a layer's estimator by its "
-            "depth in a model: time --estimator sampled and mean apart, or use bench model"
-        )
+    # One layer is timed: its estimator is the one a layer at --layer-depth of a model runs.
+    knobs = knobs.at_depth(args.layer_depth, 1.0).with_(sampled_depth=0.0)
     phases = ("prefill", "decode") if args.phase == "both" else (args.phase,)
     total = len(args.shape) * len(args.seq_len) * len(args.density) * len(phases)
     with tqdm(total=total, desc="bench attention", unit="config", file=sys.stderr) as bar:

@@ -59,7 +59,7 @@ def test_new_run_validates_submits_and_shows_the_finished_job(fresh_db, tiny_mod
     at.text_area(key="nr_prompt").input("   ").run()
     assert any("The prompt is empty" in e.value for e in at.error)
     at.text_area(key="nr_prompt").input("hello there").run()
-    assert any("Block size 16 is larger than the prompt" in e.value for e in at.error)
+    assert any("Block size 32 is larger than the prompt" in e.value for e in at.error)
     at.text_area(key="nr_prompt").input(prompts.license_text()[:900]).run()
     at.text_input(key="nr_dense_layers").input("0,x").run()
     assert any("Dense layers must be comma-separated integers" in e.value for e in at.error)

@@ -30,7 +30,7 @@ def test_calibrate_writes_a_profile_for_the_models_architecture(
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["--tokens", "8"], "--tokens must be at least 64"),
+        (["--tokens", "8"], "--tokens must be at least 128"),
         (["--text", "/no/such/file"], "cannot read /no/such/file"),
         (["--block-size", "24"], "power of two"),
     ],

@@ -20,7 +20,18 @@ def test_the_paper_preset_is_the_published_configuration():
     assert c.dense_layers == (0, 1) and c.dense_tail_blocks == 4
     assert (c.per_group, c.budget, c.sink_blocks, c.window_blocks) == (False, "row", 0, 0)
     assert preset("paper", density=0.3).density == 0.3
+    assert (c.estimator, c.sampled_depth, c.query_samples) == ("mean", 0.0, 0)
     assert preset("default") == SketchWalkConfig()
+    fid = preset("fidelity")  # the defaults before 2026-12-02 evening
+    assert (fid.block_size, fid.estimator, fid.query_samples, fid.beta) == (16, "sampled", 4, 0.25)
+    assert all(fid.at_depth(layer, 30) is fid for layer in range(30))
+    d = SketchWalkConfig()
+    assert (d.block_size, d.query_block, d.estimator, d.sampled_depth, d.beta) == (
+        32, 64, "mean", 0.7, 0.0,
+    )  # fmt: skip
+    assert [d.at_depth(layer, 30).estimator for layer in (0, 20, 21, 29)] == [
+        "sampled", "sampled", "mean", "mean",
+    ]  # fmt: skip
     fast = preset("fast")
     assert (fast.block_size, fast.estimator, fast.per_group, fast.budget) == (
         64,
@@ -28,6 +39,7 @@ def test_the_paper_preset_is_the_published_configuration():
         True,
         "layer",
     )
+    assert (fast.sampled_depth, fast.beta) == (0.0, 0.25)  # as measured, whatever the defaults
 
 
 @pytest.mark.parametrize("depth, n_layers", [(0.0, 30), (0.35, 30), (0.5, 4), (1.0, 7), (0.35, 0)])
@@ -106,9 +118,10 @@ def test_bad_knobs_give_one_line_errors(kw, words):
 
 
 def test_round_trip_dict_and_nowalk_switch():
-    c = SketchWalkConfig(method="nowalk", dense_layers=[3], density=0.3)
+    c = SketchWalkConfig(method="nowalk", dense_layers=[3], density=0.3, beta=0.25)
     assert SketchWalkConfig.from_dict(c.to_dict()) == c
-    assert c.effective_beta == 0.0 and SketchWalkConfig().effective_beta == 0.25
+    assert c.effective_beta == 0.0 and c.with_(method="sketchwalk").effective_beta == 0.25
+    assert preset("fidelity").effective_beta == 0.25 and SketchWalkConfig().effective_beta == 0.0
     assert SketchWalkConfig.from_dict(SketchWalkConfig(per_group=False).to_dict()).groups(3) == 1
     with pytest.raises(ConfigError):
         SketchWalkConfig.from_dict({"densty": 0.1})

@@ -246,7 +246,9 @@ def test_window_ring_and_block_estimates_equal_their_full_recomputation(window):
 
     torch.manual_seed(window)
     d, t, block = 16, 70, 16
-    cfg = SketchWalkConfig(block_size=block, density=0.3, query_window=window, sketch_dim=8)
+    cfg = SketchWalkConfig(
+        block_size=block, density=0.3, query_window=window, sketch_dim=8, estimator="sampled"
+    )
     q, k = torch.randn(1, 4, t + 120, d), torch.randn(1, 2, t + 120, d)
     srht = make_srht(d, cfg.sketch_dim, 0, 3)
     st = start_decode(prefill_plan(q[:, :, :t], k[:, :, :t], cfg, srht), q[:, :, :t], srht, cfg)

@@ -143,5 +143,5 @@ def test_sampled_depth_switches_the_first_layers_to_the_sampled_estimator():
     assert torch.equal(deep_tokens[1], sampled_tokens[1])
     _, _, half = run(estimator="mean", sampled_depth=0.5)
     assert half == ["sampled", "sampled", "mean", "mean"]
-    _, _, none = run(estimator="mean")
+    _, _, none = run(estimator="mean", sampled_depth=0.0)
     assert none == ["mean"] * 4

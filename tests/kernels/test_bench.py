@@ -68,10 +68,31 @@ def test_cli_json(capsys):
         (["--seq-len", "0"], "sequence length must be at least 1"),
         (["--repeats", "0"], "repeats must be at least 1"),
         (["--device", "cuda"], "no CUDA device"),
-        (["--sampled-depth", "0.35"], "times one layer"),
+        (["--layer-depth", "1.5"], "layer depth must be in [0, 1]"),
+        (["--layer-depth", "nan"], "layer depth must be in [0, 1]"),
     ],
 )
 def test_cli_bad_input_is_one_line(capsys, extra, message):
     assert main(["bench", "attention", *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("depth, estimator", [(0.0, "sampled"), (0.69, "sampled"), (0.7, "mean")])
+def test_cli_times_the_estimator_of_a_layer_at_the_given_depth(monkeypatch, depth, estimator):
+    """The timed layer runs what a layer at --layer-depth of a model runs (sampled depth 0.7)."""
+    import sketchwalk.benchmarks.attention as bench
+
+    seen = []
+
+    def fake(*args, knobs, **kw):
+        seen.append(knobs)
+        return []
+
+    monkeypatch.setattr(bench, "run_attention_bench", fake)
+    argv = ["bench", "attention", "--seq-len", "64", "--density", "0.2", "--repeats", "1"]
+    assert (
+        main([*argv, "--estimator", "mean", "--sampled-depth", "0.7", "--layer-depth", str(depth)])
+        == 0
+    )
+    assert seen[0].estimator == estimator and seen[0].sampled_depth == 0.0
