@@ -90,7 +90,7 @@ class QueryTokens:
         sketch: SRHT | None = None,
     ) -> QueryTokens:
         """Keep cfg.query_samples evenly spaced queries per block (all with 0); sketch: qs are
-        raw queries, sketched once kept (a quarter of them with 4 samples per 16-token block)."""
+        raw queries, sketched once kept (an eighth of them with 4 samples per 32-token block)."""
         pos = sample_positions(qs.shape[2], cfg.block_size, cfg.query_samples, offset)
         idx = (pos - offset).to(qs.device)
         kept = qs.index_select(2, idx)
