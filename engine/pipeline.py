@@ -32,6 +32,7 @@ from .sketch import (
     key_summary,
     sample_positions,
     sampled_block_mass,
+    score_dtype,
     token_block_mass,
 )
 from .walk import walk
@@ -140,7 +141,7 @@ def transition(
     if tokens is not None and tokens.keys is not None:
         probs = sampled_block_mass(
             tokens.qs, tokens.valid, tokens.pos, tokens.keys, tokens.key_valid, cfg.block_size,
-            dim, cfg.tau, pool=cfg.pool,
+            dim, cfg.tau, pool=cfg.pool, dtype=score_dtype(cfg.score_dtype, tokens.qs.device),
         )  # fmt: skip
         return aggregate_heads(probs, cfg.per_group, cfg.pool)
     if tokens is not None and cfg.estimator in TOKEN_ESTIMATORS:

@@ -328,6 +328,18 @@ def token_block_mass(
 _CHUNK_SPAN = 16
 
 
+def score_dtype(name: str, device: torch.device | str) -> torch.dtype:
+    """The dtype of the sampled estimator's score product for knob value `name`: "auto" is
+    bfloat16 on CUDA and on CPUs with oneDNN bfloat16 (AVX-512 and newer), where the product
+    runs several times faster than float32 (docs/speed.md); elsewhere emulated bfloat16 can be
+    slower than float32, so "auto" keeps float32 there."""
+    if name != "auto":
+        return getattr(torch, name)
+    if torch.device(device).type == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+
+
 def _chunk_queries(pos: torch.Tensor, lk: int, row_elems: int, chunk_elems: int) -> int:
     """Queries per chunk: at most chunk_elems score elements (row_elems per query), and
     spanning at most lk / _CHUNK_SPAN positions, but never fewer than 16 queries (each chunk
@@ -350,12 +362,14 @@ def sampled_block_mass(
     tau: float,
     chunk_elems: int = 1 << 21,  # measured best here: larger than the query estimator's
     pool: str = "mean",
+    dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Block mass [B, Hkv, G, R, n] for the query blocks pos[0] // b .. pos[-1] // b from the
     sketched queries qs [B, H, S, r] at ascending positions pos [S] (q_valid [B, S]) against the
     sketched keys ks [B, Hkv, Lk, r] at positions 0 .. Lk - 1 (k_valid [B, Lk]); each query sees
     the real keys up to itself, a row's estimate is the mean over its scored queries, or with
-    pool "max" each key block's largest mass among them (padding queries count as 0)."""
+    pool "max" each key block's largest mass among them (padding queries count as 0). dtype:
+    of the score product (score_dtype); the softmax and the masses are float32."""
     bsz, h, length, r = qs.shape
     hkv, lk = ks.shape[1], ks.shape[2]
     gh, b = h // hkv, block_size
@@ -366,7 +380,9 @@ def sampled_block_mass(
     j0 = int(blk_all[0])
     rows = int(blk_all[-1]) - j0 + 1
     out = torch.zeros(bsz, hkv, gh, rows, n, device=qs.device)
-    keys_t = ks.transpose(-1, -2)  # [B, Hkv, r, Lk]
+    # [B, Hkv, r, Lk], contiguous: a bfloat16 product over a key prefix of the transposed view
+    # copied the keys in every chunk (~1.5x slower); float32 runs the same either way
+    keys_t = ks.transpose(-1, -2).to(dtype, memory_format=torch.contiguous_format)
     padded = not bool(k_valid.all())
     step = _chunk_queries(pos, lk, h * lk * bsz, chunk_elems)
 
@@ -380,7 +396,7 @@ def sampled_block_mass(
         kend = int(p[-1]) + 1  # no query of this chunk sees past itself
         nkc = -(-kend // b)
         width = nkc * b  # whole blocks: the keys past kend are masked like the future
-        qg = kv_rows(qs[:, :, s:e] * c, hkv)
+        qg = kv_rows(qs[:, :, s:e] * c, hkv).to(dtype)
         scores = qg @ keys_t[..., :width]  # past lk (a partial last block): -inf columns
         if width > lk:  # pad the scores, not the keys: in decode they are 50x smaller
             scores = torch.nn.functional.pad(scores, (0, width - lk), value=float("-inf"))
@@ -393,7 +409,8 @@ def sampled_block_mass(
             scores.masked_fill_(hide[:, None, None, None], float("-inf"))
         # one fused softmax (max, exp, sum row by row, in cache) instead of separate passes over
         # the chunk: ~10% off the estimator at 7k tokens; the score matmul is the rest (half)
-        mass = torch.softmax(scores, -1).view(bsz, hkv, gh, e - s, nkc, b).sum(-1)
+        mass = torch.softmax(scores, -1, dtype=torch.float32)
+        mass = mass.view(bsz, hkv, gh, e - s, nkc, b).sum(-1)
         mass.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)  # padding queries: NaN rows
         pool_into(out[..., :nkc], 3, p // b - j0, mass, pool)
 

@@ -108,6 +108,7 @@ def test_stored_configs_of_older_versions_keep_their_behaviour():
         ({"block_size": 2.0}, "block size"),
         ({"query_block": 48}, "query block"),
         ({"query_block": -64}, "query block"),
+        ({"score_dtype": "float8"}, "score dtype"),
     ],
 )
 def test_bad_knobs_give_one_line_errors(kw, words):

@@ -323,6 +323,41 @@ def test_sampled_estimator_equals_brute_force_block_mass(
         assert torch.allclose(rows[scored], torch.ones(1), atol=1e-5)
 
 
+@pytest.mark.parametrize("t, b, samples, pad", [(96, 16, 4, 0), (200, 32, 4, 7), (77, 8, 2, 3)])
+def test_sampled_estimator_in_bfloat16_stays_close_to_float32(t, b, samples, pad):
+    """score_dtype bfloat16 rounds the score product only: the masses (float32) stay within
+    bfloat16's rounding of the float32 estimate, every scored row still sums to 1, and
+    padding stays 0."""
+    from sketchwalk.engine.sketch import sample_positions, sampled_block_mass
+
+    torch.manual_seed(t + b + pad)
+    h, hkv, r = 6, 2, 16
+    qs, ks = torch.randn(2, h, t, r) * 2, torch.randn(2, hkv, t, r) * 2
+    valid = torch.ones(2, t, dtype=torch.bool)
+    valid[1, :pad] = False
+    pos = sample_positions(t, b, samples)
+    args = (qs[:, :, pos], valid[:, pos], pos, ks, valid, b, r, 1.0, 1 << 12)
+    ref = sampled_block_mass(*args)
+    got = sampled_block_mass(*args, dtype=torch.bfloat16)
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    assert (got - ref).abs().max() < 0.03
+    assert (got - ref).abs().mean() < 2e-3
+    rows = got.sum(-1)
+    assert torch.allclose(rows[rows > 0], torch.ones(1), atol=1e-5)
+    assert torch.equal(got == 0, ref == 0)  # the same keys seen: causality and padding
+
+
+def test_score_dtype_auto_is_bfloat16_only_where_it_is_native(monkeypatch):
+    from sketchwalk.engine.sketch import score_dtype
+
+    assert score_dtype("float32", "cpu") == torch.float32
+    assert score_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert score_dtype("auto", "cuda") == torch.bfloat16
+    for native, want in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda n=native: n)
+        assert score_dtype("auto", "cpu") == want
+
+
 @pytest.mark.parametrize(
     "d, r, samples, pad, all_valid",
     [(16, 16, 4, 0, False), (16, 16, 4, 0, True), (16, 8, 2, 3, False), (12, 32, 0, 0, True),
