@@ -474,6 +474,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "layer_profile": "uniform",
         "pool": "mean",
         "sampled_depth": 0.0,
+        "score_dtype": "float32",
         "beta": 0.25,
     },
 }
