@@ -212,7 +212,7 @@ class SketchWalkConfig:
     score_dtype: str = knob(
         "auto",
         "the sampled estimator's score product in a prefill: 'bfloat16' (the softmax and the "
-        "masses stay float32) made a layer's estimate 1.2-1.35x faster at 7376 tokens on an "
+        "masses stay float32) made a layer's estimate 1.1-1.35x faster at 7376 tokens on an "
         "AVX-512 CPU for the same quality (GPL-3 KL 0.0303 against 0.0302); 'float32' is the "
         "exact reference; 'auto' takes bfloat16 on CUDA and on CPUs whose oneDNN has it",
         label="Estimator score dtype",

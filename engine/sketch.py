@@ -331,13 +331,14 @@ _CHUNK_SPAN = 16
 def score_dtype(name: str, device: torch.device | str) -> torch.dtype:
     """The dtype of the sampled estimator's score product for knob value `name`: "auto" is
     bfloat16 on CUDA and on CPUs with oneDNN bfloat16 (AVX-512 and newer), where the product
-    runs several times faster than float32 (docs/speed.md); elsewhere emulated bfloat16 can be
+    alone ran ~6x faster than float32 (docs/speed.md); elsewhere emulated bfloat16 can be
     slower than float32, so "auto" keeps float32 there."""
     if name != "auto":
         return getattr(torch, name)
     if torch.device(device).type == "cuda":
         return torch.bfloat16
-    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+    native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)  # private: may go
+    return torch.bfloat16 if native is not None and native() else torch.float32
 
 
 def _chunk_queries(pos: torch.Tensor, lk: int, row_elems: int, chunk_elems: int) -> int:
@@ -381,7 +382,7 @@ def sampled_block_mass(
     rows = int(blk_all[-1]) - j0 + 1
     out = torch.zeros(bsz, hkv, gh, rows, n, device=qs.device)
     # [B, Hkv, r, Lk], contiguous: a bfloat16 product over a key prefix of the transposed view
-    # copied the keys in every chunk (~1.5x slower); float32 runs the same either way
+    # copied the keys in every chunk (~1.7x slower); float32 runs the same either way
     keys_t = ks.transpose(-1, -2).to(dtype, memory_format=torch.contiguous_format)
     padded = not bool(k_valid.all())
     step = _chunk_queries(pos, lk, h * lk * bsz, chunk_elems)

@@ -356,6 +356,8 @@ def test_score_dtype_auto_is_bfloat16_only_where_it_is_native(monkeypatch):
     for native, want in ((True, torch.bfloat16), (False, torch.float32)):
         monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda n=native: n)
         assert score_dtype("auto", "cpu") == want
+    monkeypatch.setattr(torch.ops, "mkldnn", object())  # a build without the private probe
+    assert score_dtype("auto", "cpu") == torch.float32
 
 
 @pytest.mark.parametrize(
