@@ -129,6 +129,7 @@ def run_attention(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     knobs = config_from_args(args, density=args.density[0])  # each row sets its own density
+    machine = _announce_machine(args.device, knobs.score_dtype)
     # One layer is timed: its estimator is the one a layer at --layer-depth of a model runs.
     knobs = knobs.at_depth(args.layer_depth, 1.0).with_(sampled_depth=0.0)
     phases = ("prefill", "decode") if args.phase == "both" else (args.phase,)
@@ -149,8 +150,19 @@ def run_attention(args: argparse.Namespace) -> int:
             query_block=args.query_block,
             knobs=knobs,
         )
+    for r in rows:
+        r["machine"] = machine
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0
+
+
+def _announce_machine(device: str, score: str) -> dict:
+    """Print which machine the numbers come from (stderr) and return its fields for the rows."""
+    from sketchwalk.benchmarks.machine import describe, machine_info
+
+    info = machine_info(device, score)
+    print(describe(info), file=sys.stderr)
+    return info
 
 
 def _validate_model(args: argparse.Namespace) -> str:
@@ -194,6 +206,7 @@ def run_model(args: argparse.Namespace) -> int:
             )
         if n < cfg.block_size:
             raise SketchWalkError(f"{n} tokens is shorter than one block ({cfg.block_size})")
+    machine = _announce_machine(str(lm.model.device), cfg.score_dtype)  # input checked first
     total = len(args.seq_len) * args.repeats * 2
     with tqdm(total=total, desc="bench model", unit="pass", file=sys.stderr) as bar:
         rows = run_model_bench(
@@ -211,5 +224,6 @@ def run_model(args: argparse.Namespace) -> int:
     for r in rows:
         r["model"] = lm.model_id
         r["dtype"] = args.dtype
+        r["machine"] = machine
     print(json.dumps(rows, indent=1) if args.json else format_table(rows))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from sketchwalk.benchmarks.attention import decode_block_list, format_table, run_attention_bench
 from sketchwalk.cli.main import main
@@ -56,8 +57,13 @@ def test_decode_list_density_and_forced_blocks():
 def test_cli_json(capsys):
     argv = ["bench", "attention", "--seq-len", "200", "--density", "0.3", "--repeats", "1"]
     assert main([*argv, "--json", "--dtype", "bf16"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr()
+    rows = json.loads(out.out)
     assert len(rows) == 1 and rows[0]["dtype"] == "bfloat16" and rows[0].keys() >= KEYS
+    machine = rows[0]["machine"]  # the numbers name their machine, in the rows and on stderr
+    assert machine["isa"] == torch.backends.cpu.get_cpu_capability()
+    assert machine["threads"] == torch.get_num_threads()
+    assert f"{machine['isa']}, score product {machine['score_dtype']}" in out.err
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,7 @@ def test_cli_json_on_tiny_model(tiny_model, tmp_path, capsys):
     assert [r["seq_len"] for r in rows] == [150, 200]
     for r in rows:
         assert r.keys() >= KEYS and r["block_size"] == 16 and r["decode_reselect"] == 0
+        assert r["machine"]["score_dtype"] in ("float32", "bfloat16") and r["machine"]["cores"]
         assert r["prefill_speedup"] == pytest.approx(
             r["dense_prefill_ms"] / r["sparse_prefill_ms"], rel=2e-2
         )

@@ -1,0 +1,63 @@
+"""The machine a benchmark ran on, as one line and as fields for JSON rows.
+
+Why: the same commands gave different ratios on two CPUs of this project's machines (one with
+AVX-512 and native bfloat16, where the sampled estimator's score product runs in bfloat16; one
+with AVX2 only, where it stays float32), so a number without its machine cannot be compared.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+from sketchwalk.engine.sketch import score_dtype
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo, else platform.processor(), else 'unknown')."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info(device: str = "cpu", score: str = "auto") -> dict:
+    """Fields that decide how fast this project's paths run here; score: the score_dtype knob
+    (its "auto" resolves per machine)."""
+    info = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "isa": torch.backends.cpu.get_cpu_capability(),
+        "score_dtype": str(score_dtype(score, device)).removeprefix("torch."),
+        "torch": torch.__version__,
+    }
+    if torch.device(device).type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+def describe(info: dict) -> str:
+    """One line, e.g. 'machine: AMD EPYC, 2 cores, 2 threads, AVX2, score product float32,
+    torch 2.13.0'."""
+    parts = [
+        info["cpu"],
+        f"{info['cores']} cores",
+        f"{info['threads']} threads",
+        info["isa"],
+        f"score product {info['score_dtype']}",
+        f"torch {info['torch']}",
+    ]
+    if info.get("gpu"):
+        parts.insert(0, info["gpu"])
+    return "machine: " + ", ".join(parts)
+
+
+__all__ = ["cpu_model", "describe", "machine_info"]
