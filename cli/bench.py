@@ -158,7 +158,7 @@ def run_attention(args: argparse.Namespace) -> int:
 
 def _announce_machine(device: str, score: str) -> dict:
     """Print which machine the numbers come from (stderr) and return its fields for the rows."""
-    from sketchwalk.benchmarks.machine import describe, machine_info
+    from sketchwalk.machine import describe, machine_info
 
     info = machine_info(device, score)
     print(describe(info), file=sys.stderr)

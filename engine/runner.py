@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 import sketchwalk
+from sketchwalk.machine import run_fields
 from sketchwalk.progress import Progress
 
 from .cache import cache_kwarg, new_cache
@@ -175,6 +176,7 @@ def _versions() -> dict[str, str]:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "sketchwalk": sketchwalk.__version__,
+        **run_fields(),  # the machine: timings from two CPUs are not comparable
     }
 
 

@@ -10,6 +10,7 @@ import streamlit as st
 from sketchwalk.app import figures, widgets
 from sketchwalk.engine import speed
 from sketchwalk.engine.request import stored_time_only
+from sketchwalk.text import plain_markdown
 
 SWEEP_DENSITIES = (0.05, 0.1, 0.2, 0.3, 0.5)
 
@@ -73,6 +74,9 @@ else:
         "This run has no clean-pass timings (stored before they were measured, or with them "
         "switched off): the times below include the recorder's work."
     )
+machine = speed.machine_text(run.get("versions"))
+if machine:  # ratios differ between CPUs (e.g. with or without native bfloat16)
+    st.caption(plain_markdown(machine) + ".")
 
 # ---- beside it: the run's own passes and what recording cost -------------------------------
 own = "Time-only pass (no recorder)" if time_only else "Recorded pass"

@@ -8,6 +8,7 @@ from run_helpers import INJECTION, new_app, spec, tiny_config, z_array
 
 from sketchwalk.app import figures, prompts
 from sketchwalk.store import open_store
+from sketchwalk.text import plain_markdown
 from sketchwalk.worker.loop import Worker, make_request
 
 
@@ -341,6 +342,11 @@ def test_speed_shows_stage_times_and_queues_a_sweep(app_env):
     assert "Recording overhead (sparse)" in values
     ceiling = [c.value for c in at.caption if c.value.startswith("Ceiling at this length")]
     assert len(ceiling) == 1 and "at density" in ceiling[0]  # what the length allows at all
+    machine = store.get_run(rid)["versions"]  # where it was timed, under the headline
+    timed = [c.value for c in at.caption if c.value.startswith("Timed on")]
+    assert timed == [f"Timed on {plain_markdown(machine['cpu'])} ({machine['isa']}, "
+                     f"{machine['threads']} threads), torch {machine['torch']}, "
+                     f"transformers {machine['transformers']}."]  # fmt: skip
     fig = charts(at)["Stage time per layer (ms) and speedup over dense"]
     assert [t["name"] for t in fig["data"]][:5] == [
         "sketch",
@@ -397,16 +403,27 @@ def test_speed_of_a_run_stored_before_clean_timings(fresh_db, seeded):
         old_request = {
             k: v for k, v in run["request"].items() if k not in ("time_only", "clean_timing")
         }
+        odd = {**run["versions"], "cpu": "[x](javascript:alert(1)) **y**", "isa": 7}  # untrusted
         with store.engine.begin() as conn:
             conn.execute(
                 sa.update(schema.runs)
                 .where(schema.runs.c.id == run_id)
-                .values(timings=jsonio.dumps(old_timings), request=jsonio.dumps(old_request))
+                .values(
+                    timings=jsonio.dumps(old_timings),
+                    request=jsonio.dumps(old_request),
+                    versions=jsonio.dumps(odd),
+                )
             )
     at = on_page(new_app().run(), "speed", run_id)
     info = [i.value for i in at.info]
     assert len(info) == 1 and "no clean-pass timings" in info[0]
     assert not any(c.value.startswith("Ceiling") for c in at.caption)  # no clean dense pass
+    timed = [c.value for c in at.caption if c.value.startswith("Timed on")]
+    assert "\\[x\\]" in timed[0] and "\\*\\*y" in timed[0]  # shown literally, no link
+    assert timed == [  # the number where text belongs (isa) is left out
+        f"Timed on {plain_markdown(odd['cpu'])} ({odd['threads']} threads), "
+        f"torch {odd['torch']}, transformers {odd['transformers']}."
+    ]
     labels = [m.label for m in at.metric]
     assert (
         labels[0] == "Prefill, whole model, recorded"

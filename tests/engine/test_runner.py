@@ -41,6 +41,9 @@ def test_run_on_tiny_model_produces_every_record(tiny):
     assert len(gen) == 6 and all(t.kl is not None and t.logprob <= 0 for t in gen)
     assert res.blocks[0].start == 0 and res.blocks[-1].end == n + 6
     assert res.timings["sparse_prefill_ms"] > 0 and res.timings["sketch_ms"] > 0
+    v = res.versions  # the machine beside the libraries: timings from two CPUs differ
+    assert v["isa"] == torch.backends.cpu.get_cpu_capability() and v["cpu"]
+    assert v["threads"] == str(torch.get_num_threads()) and v["torch"] == torch.__version__
 
 
 def test_density_one_run_is_lossless(tiny):

@@ -89,3 +89,25 @@ def test_ceilings_follow_amdahl_from_the_dense_attention_share():
     assert last.startswith("ceiling at this length") and "prefill 1.55x" in last
     assert "44% of the dense prefill" in last and "decode 1.33x" in last
     assert not speed.lines(t)[-1].startswith("ceiling")
+
+
+def test_machine_text_names_where_a_run_was_timed():
+    versions = {"torch": "2.13.0", "transformers": "5.25.0", "sketchwalk": "0.1.0",
+                "cpu": "AMD EPYC", "isa": "AVX2", "threads": "1"}  # fmt: skip
+    assert speed.machine_text(versions) == (
+        "Timed on AMD EPYC (AVX2, 1 threads), torch 2.13.0, transformers 5.25.0"
+    )
+    assert speed.machine_text({"cpu": "X"}) == "Timed on X"
+
+
+@pytest.mark.parametrize(
+    "versions",
+    [None, {}, {"torch": "2.13.0"}, {"cpu": 3, "isa": "AVX2"}, {"cpu": ""}, ["cpu"], "cpu"],
+)
+def test_machine_text_of_older_or_odd_versions_is_none(versions):
+    assert speed.machine_text(versions) is None  # stored before the machine was kept, or junk
+
+
+def test_machine_text_uses_strings_only_and_caps_them():
+    text = speed.machine_text({"cpu": "C" * 500, "isa": ["AVX2"], "threads": 2})
+    assert text == "Timed on " + "C" * 120

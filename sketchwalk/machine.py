@@ -1,8 +1,10 @@
-"""The machine a benchmark ran on, as one line and as fields for JSON rows.
+"""The machine a timing came from: for benchmark output (one line, JSON fields) and for a run's
+stored versions, which the app's Speed page shows.
 
 Why: the same commands gave different ratios on two CPUs of this project's machines (one with
 AVX-512 and native bfloat16, where the sampled estimator's score product runs in bfloat16; one
-with AVX2 only, where it stays float32), so a number without its machine cannot be compared.
+with AVX2 only, where it stays float32), and a shared deployment's workers may differ too, so a
+timing without its machine cannot be compared.
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def run_fields() -> dict[str, str]:
+    """What a stored run keeps beside its library versions: CPU, instruction set, threads."""
+    return {
+        "cpu": cpu_model(),
+        "isa": torch.backends.cpu.get_cpu_capability(),
+        "threads": str(torch.get_num_threads()),
+    }
 
 
 def machine_info(device: str = "cpu", score: str = "auto") -> dict:
@@ -60,4 +71,4 @@ def describe(info: dict) -> str:
     return "machine: " + ", ".join(parts)
 
 
-__all__ = ["cpu_model", "describe", "machine_info"]
+__all__ = ["cpu_model", "describe", "machine_info", "run_fields"]

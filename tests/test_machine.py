@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from sketchwalk.benchmarks.machine import cpu_model, describe, machine_info
 from sketchwalk.engine.sketch import score_dtype
+from sketchwalk.machine import cpu_model, describe, machine_info
 
 
 def test_cpu_model_reads_the_first_model_name(tmp_path):
