@@ -169,14 +169,14 @@ def greedy(
     return Decoded(prompt_hidden, new_ids, stacked, prefill_ms, decode_ms, parts.logits)
 
 
-def _versions() -> dict[str, str]:
+def _versions(device: torch.device) -> dict[str, str]:
     import transformers
 
     return {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "sketchwalk": sketchwalk.__version__,
-        **run_fields(),  # the machine: timings from two CPUs are not comparable
+        **run_fields(device),  # the machine: timings from two CPUs are not comparable
     }
 
 
@@ -308,7 +308,7 @@ def _run(
         method=cfg.method,
         config=cfg.to_dict(),
         device=str(lm.device),
-        versions=_versions(),
+        versions=_versions(lm.device),
         dense_text=tok.decode(dense.new_ids, skip_special_tokens=True),
         sparse_text=tok.decode(sparse.new_ids, skip_special_tokens=True),
         metrics=metrics,

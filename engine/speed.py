@@ -226,8 +226,9 @@ def summary(t: Timings, time_only: bool = False, density: float | None = None) -
 
 
 def machine_text(versions: Mapping[str, Any] | None) -> str | None:
-    """Where the run was timed, from its stored versions (engine/runner.py): 'Timed on CPU (ISA,
-    N threads), torch X, transformers Y'; None for runs stored before the machine was kept.
+    """Where the run was timed, from its stored versions (engine/runner.py): 'Timed on [GPU on]
+    CPU (ISA, N threads), torch X, transformers Y'; None for runs stored before the machine was
+    kept.
     Values come from the store (perhaps an imported file): only strings are used, and the
     caller escapes them for its renderer."""
     if not isinstance(versions, Mapping):
@@ -235,9 +236,13 @@ def machine_text(versions: Mapping[str, Any] | None) -> str | None:
     v = {k: x[:120] for k, x in versions.items() if isinstance(x, str) and x}
     if "cpu" not in v:
         return None
-    how = ", ".join(x for x in (v.get("isa"), v.get("threads") and f"{v['threads']} threads") if x)
+    threads = v.get("threads")
+    if threads:
+        threads = f"{threads} thread" + ("" if threads == "1" else "s")
+    how = ", ".join(x for x in (v.get("isa"), threads) if x)
+    where = f"{v['gpu']} on {v['cpu']}" if "gpu" in v else v["cpu"]
     libs = [f"{name} {v[name]}" for name in ("torch", "transformers") if name in v]
-    return ", ".join([f"Timed on {v['cpu']}" + (f" ({how})" if how else ""), *libs])
+    return ", ".join([f"Timed on {where}" + (f" ({how})" if how else ""), *libs])
 
 
 def lines(t: Timings, time_only: bool = False, density: float | None = None) -> list[str]:

@@ -30,29 +30,28 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     return platform.processor() or "unknown"
 
 
-def run_fields() -> dict[str, str]:
-    """What a stored run keeps beside its library versions: CPU, instruction set, threads."""
-    return {
+def run_fields(device: torch.device | str = "cpu") -> dict[str, str]:
+    """What a stored run keeps beside its library versions: CPU, instruction set, threads, and
+    the GPU where the model ran on one."""
+    out = {
         "cpu": cpu_model(),
         "isa": torch.backends.cpu.get_cpu_capability(),
         "threads": str(torch.get_num_threads()),
     }
+    if torch.device(device).type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return out
 
 
 def machine_info(device: str = "cpu", score: str = "auto") -> dict:
-    """Fields that decide how fast this project's paths run here; score: the score_dtype knob
-    (its "auto" resolves per machine)."""
-    info = {
-        "cpu": cpu_model(),
+    """run_fields plus what a benchmark line needs: cores, the score product's dtype for knob
+    value `score` (its "auto" resolves per machine), torch's version; threads as a number."""
+    return run_fields(device) | {
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
-        "isa": torch.backends.cpu.get_cpu_capability(),
         "score_dtype": str(score_dtype(score, device)).removeprefix("torch."),
         "torch": torch.__version__,
     }
-    if torch.device(device).type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
-    return info
 
 
 def describe(info: dict) -> str:

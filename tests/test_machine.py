@@ -1,11 +1,11 @@
-"""The machine line the benchmarks print: what it reads, what it falls back to."""
+"""The machine behind a timing: what it reads, what it falls back to, how it is shown."""
 
 from __future__ import annotations
 
 import torch
 
 from sketchwalk.engine.sketch import score_dtype
-from sketchwalk.machine import cpu_model, describe, machine_info
+from sketchwalk.machine import cpu_model, describe, machine_info, run_fields
 
 
 def test_cpu_model_reads_the_first_model_name(tmp_path):
@@ -48,3 +48,11 @@ def test_describe_names_every_field():
         "machine: AMD EPYC, 2 cores, 2 threads, AVX2, score product float32, torch 2.13.0"
     )
     assert describe({**info, "gpu": "NVIDIA H200"}).startswith("machine: NVIDIA H200, AMD EPYC")
+
+
+def test_run_fields_are_strings_for_the_stored_versions():
+    fields = run_fields("cpu")
+    assert set(fields) == {"cpu", "isa", "threads"}  # no GPU for a CPU run
+    assert all(isinstance(v, str) and v for v in fields.values())
+    assert fields["threads"] == str(torch.get_num_threads())
+    assert machine_info("cpu").items() >= {"cpu": fields["cpu"], "isa": fields["isa"]}.items()

@@ -95,9 +95,11 @@ def test_machine_text_names_where_a_run_was_timed():
     versions = {"torch": "2.13.0", "transformers": "5.25.0", "sketchwalk": "0.1.0",
                 "cpu": "AMD EPYC", "isa": "AVX2", "threads": "1"}  # fmt: skip
     assert speed.machine_text(versions) == (
-        "Timed on AMD EPYC (AVX2, 1 threads), torch 2.13.0, transformers 5.25.0"
+        "Timed on AMD EPYC (AVX2, 1 thread), torch 2.13.0, transformers 5.25.0"
     )
     assert speed.machine_text({"cpu": "X"}) == "Timed on X"
+    gpu = {"cpu": "X", "gpu": "NVIDIA H200", "threads": "8"}
+    assert speed.machine_text(gpu) == "Timed on NVIDIA H200 on X (8 threads)"
 
 
 @pytest.mark.parametrize(
