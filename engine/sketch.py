@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.block_softmax import block_softmax_sums
 from ..kernels.parts import run_in_parts, workers
 
 # index_reduce_ is marked beta (a one-time UserWarning); its "amax" is what max pooling needs and
@@ -384,7 +385,11 @@ def sampled_block_mass(
     # [B, Hkv, r, Lk], contiguous: a bfloat16 product over a key prefix of the transposed view
     # copied the keys in every chunk (~1.7x slower); float32 runs the same either way
     keys_t = ks.transpose(-1, -2).to(dtype, memory_format=torch.contiguous_format)
-    padded = not bool(k_valid.all())
+    # each sequence's real keys are one span (left or right padding): a query at p sees
+    # start .. min(p + 1, end) - 1
+    at = torch.arange(lk, device=qs.device)
+    start = torch.where(k_valid, at, lk).amin(1).view(bsz, 1, 1)
+    end = torch.where(k_valid, at + 1, 0).amax(1).view(bsz, 1, 1)
     step = _chunk_queries(pos, lk, h * lk * bsz, chunk_elems)
 
     def score(s0: int, s1: int) -> None:
@@ -396,23 +401,13 @@ def sampled_block_mass(
         p = pos[s:e]
         kend = int(p[-1]) + 1  # no query of this chunk sees past itself
         nkc = -(-kend // b)
-        width = nkc * b  # whole blocks: the keys past kend are masked like the future
         qg = kv_rows(qs[:, :, s:e] * c, hkv).to(dtype)
-        scores = qg @ keys_t[..., :width]  # past lk (a partial last block): -inf columns
-        if width > lk:  # pad the scores, not the keys: in decode they are 50x smaller
-            scores = torch.nn.functional.pad(scores, (0, width - lk), value=float("-inf"))
-        scores = scores.view(bsz, hkv, gh, e - s, width)
-        first = int(p[0]) + 1  # keys from here on are in the future of some query
-        cols = torch.arange(first, width, device=qs.device)
-        scores[..., first:].masked_fill_(cols[None, :] > p[:, None], float("-inf"))
-        if padded:
-            hide = ~torch.nn.functional.pad(k_valid[:, :kend], (0, width - kend))
-            scores.masked_fill_(hide[:, None, None, None], float("-inf"))
-        # one fused softmax (max, exp, sum row by row, in cache) instead of separate passes over
-        # the chunk: ~10% off the estimator at 7k tokens; the score matmul is the rest (half)
-        mass = torch.softmax(scores, -1, dtype=torch.float32)
-        mass = mass.view(bsz, hkv, gh, e - s, nkc, b).sum(-1)
-        mass.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)  # padding queries: NaN rows
+        scores = qg @ keys_t[..., : min(kend, lk)]  # [B, Hkv, G * c, kend]
+        # the softmax over each row's visible keys, summed per key block (kernels/block_softmax:
+        # in C on CPU, without writing the probabilities: ~half the estimator's time in torch)
+        hi = torch.minimum((p + 1).repeat(gh)[None, None], end)
+        mass = block_softmax_sums(scores, start, hi, b).view(bsz, hkv, gh, e - s, nkc)
+        mass.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)  # padding queries
         pool_into(out[..., :nkc], 3, p // b - j0, mass, pool)
 
     # on CPU, one part per core (kernels/parts.py: at 7k tokens 1.6x faster than every op on
@@ -447,16 +442,12 @@ def current_row_mass(
     """sampled_block_mass for decode's one row when every key is real: the queries qs [B, H, s, r]
     all stand for the newest position, so each sees every key in ks [B, Hkv, Lk, r]; their block
     masses [B, Hkv, G, 1, n] are averaged (pool "max": their largest per block). No causal
-    mask, no padded copy of the scores (a partial last block is summed apart), no per-row
-    scatter: at 7k tokens the generic path spent a quarter of its time filling a padded copy."""
+    mask and no per-row scatter: at 7k tokens the generic path spent a quarter of its time
+    filling a padded copy of the scores."""
     bsz, h, s = ks.shape[0], qs.shape[1], qs.shape[2]
     hkv, lk = ks.shape[1], ks.shape[2]
     gh, b = h // hkv, block_size
     qg = kv_rows(qs * (dim**-0.5 / tau), hkv)
-    probs = torch.softmax(qg @ ks.transpose(-1, -2), -1)  # [B, Hkv, G*s, Lk]
-    full = lk // b
-    mass = probs[..., : full * b].unflatten(-1, (full, b)).sum(-1)
-    if lk > full * b:
-        mass = torch.cat([mass, probs[..., full * b :].sum(-1, keepdim=True)], -1)
+    mass = block_softmax_sums(qg @ ks.transpose(-1, -2), 0, lk, b)  # [B, Hkv, G*s, n]
     mass = mass.view(bsz, hkv, gh, s, -1)
     return mass.amax(3, keepdim=True) if pool == "max" else mass.mean(3, keepdim=True)

@@ -270,17 +270,20 @@ def test_sampled_estimate_is_the_mean_over_the_sampled_queries():
      (256, 8, 2, 5, 1 << 21, 1), (160, 8, 8, 2, 1 << 21, 2)],
 )  # fmt: skip
 @pytest.mark.parametrize("pool", ["mean", "max"])
+@pytest.mark.parametrize("native", ["1", "0"])
 def test_sampled_estimator_equals_brute_force_block_mass(
-    monkeypatch, t, b, samples, pad, chunk, parts, pool
+    monkeypatch, t, b, samples, pad, chunk, parts, pool, native
 ):
     """Per scored query: the exact softmax over the real keys up to it, summed per key block;
     a row is the mean over its scored real queries (pool "max": per key block, the largest of
     their masses). chunk: score matrix elements per pass (small:
     many chunks, of different widths; long texts: chunks capped by their span); parts: threads
-    the queries are cut over (kernels/parts.py, only where each part gets two chunks)."""
+    the queries are cut over (kernels/parts.py, only where each part gets two chunks); native:
+    the block softmax in C (kernels/block_softmax.c) or its torch reference."""
     import sketchwalk.engine.sketch as sketch
     from sketchwalk.engine.sketch import sample_positions, sampled_block_mass
 
+    monkeypatch.setenv("SKETCHWALK_NATIVE", native)
     monkeypatch.setattr(sketch, "workers", lambda: parts)
     split, real = [], sketch.run_in_parts
     monkeypatch.setattr(
