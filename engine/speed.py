@@ -227,8 +227,8 @@ def summary(t: Timings, time_only: bool = False, density: float | None = None) -
 
 def machine_text(versions: Mapping[str, Any] | None) -> str | None:
     """Where the run was timed, from its stored versions (engine/runner.py): 'Timed on [GPU on]
-    CPU (ISA, N threads), torch X, transformers Y'; None for runs stored before the machine was
-    kept.
+    CPU (ISA, N threads[, block softmax in torch]), torch X, transformers Y'; None for runs
+    stored before the machine was kept.
     Values come from the store (perhaps an imported file): only strings are used, and the
     caller escapes them for its renderer."""
     if not isinstance(versions, Mapping):
@@ -239,7 +239,9 @@ def machine_text(versions: Mapping[str, Any] | None) -> str | None:
     threads = v.get("threads")
     if threads:
         threads = f"{threads} thread" + ("" if threads == "1" else "s")
-    how = ", ".join(x for x in (v.get("isa"), threads) if x)
+    # the estimator's block softmax without a C compiler (~2x slower selection): said, not the norm
+    slow = "block softmax in torch" if v.get("block_softmax") == "torch" else None
+    how = ", ".join(x for x in (v.get("isa"), threads, slow) if x)
     where = f"{v['gpu']} on {v['cpu']}" if "gpu" in v else v["cpu"]
     libs = [f"{name} {v[name]}" for name in ("torch", "transformers") if name in v]
     return ", ".join([f"Timed on {where}" + (f" ({how})" if how else ""), *libs])
