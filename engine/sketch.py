@@ -368,7 +368,8 @@ def sampled_block_mass(
 ) -> torch.Tensor:
     """Block mass [B, Hkv, G, R, n] for the query blocks pos[0] // b .. pos[-1] // b from the
     sketched queries qs [B, H, S, r] at ascending positions pos [S] (q_valid [B, S]) against the
-    sketched keys ks [B, Hkv, Lk, r] at positions 0 .. Lk - 1 (k_valid [B, Lk]); each query sees
+    sketched keys ks [B, Hkv, Lk, r] at positions 0 .. Lk - 1 (k_valid [B, Lk], one span of
+    real keys per sequence, as padding makes it); each query sees
     the real keys up to itself, a row's estimate is the mean over its scored queries, or with
     pool "max" each key block's largest mass among them (padding queries count as 0). dtype:
     of the score product (score_dtype); the softmax and the masses are float32."""
