@@ -11,8 +11,10 @@
  * left padding); every other column has no mass. out[i, j] is the mass of columns j*b .. j*b+b-1,
  * nb = ceil(width / b) of them per row, summing to 1 (all 0 when the row sees nothing).
  *
- * Compiled with -O3 -ffast-math (and -march=native where the compiler has it) so that the loops
- * vectorise; the scores must be finite (columns outside lo .. hi are never read).
+ * Compiled with -O3 and the parts of -ffast-math that let the loops vectorise (never -ffast-math
+ * itself: it would link crtfastmath.o, which flushes subnormals to zero process-wide), and
+ * -march=native where the compiler has it; the scores must be finite (columns outside lo .. hi
+ * are never read).
  */
 #include <stdint.h>
 #include <stdlib.h>

@@ -25,7 +25,11 @@ from pathlib import Path
 import torch
 
 _SOURCE = Path(__file__).with_name("block_softmax.c")
-_FLAGS = ("-O3", "-ffast-math", "-fPIC", "-shared", "-std=c11")
+# -ffast-math's parts that let the loops vectorise, not -ffast-math itself: linked with it, gcc adds
+# crtfastmath.o, whose constructor turns on flush-to-zero for the whole process at load (every
+# subnormal float in torch, numpy and Python became 0; hypothesis refused to run)
+_FLAGS = ("-O3", "-fno-math-errno", "-ffinite-math-only", "-fno-signed-zeros", "-fno-trapping-math",
+          "-fassociative-math", "-freciprocal-math", "-fPIC", "-shared", "-std=c11")  # fmt: skip
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
 

@@ -1,7 +1,10 @@
 """The block softmax in C (kernels/block_softmax.c) against its torch reference, and its loader:
 the build, the cache, the fallback to torch when it cannot be built or is turned off."""
 
+import os
 import shutil
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -114,3 +117,20 @@ def test_threads_share_one_build_and_run_at_once(fresh_build):
     assert not errors
     assert all(torch.allclose(r, want, atol=2e-6) for r in results)
     assert len(list((fresh_build / "native").glob("*.so"))) == 1
+
+
+def test_loading_it_keeps_subnormal_floats(tmp_path):
+    """Built with -ffast-math the library's constructor turned on flush-to-zero for the whole
+    process: every subnormal float in torch and Python read as 0 after the first estimate."""
+    code = (
+        "import torch\n"
+        "from sketchwalk.kernels.block_softmax import native_library\n"
+        "assert native_library() is not None\n"
+        "x = float(torch.tensor([1e-40]) * 1.0)\n"
+        "y = 5e-324 * 1.0\n"
+        "print(x > 0, y > 0)\n"
+    )
+    env = {**os.environ, "SKETCHWALK_CACHE": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True"]
