@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sketchwalk.kernels import choose_backend, decode_cache
+from sketchwalk.kernels import choose_backend, decode_attention, decode_cache
 
 from .clock import now_ms
 from .config import SketchWalkConfig
@@ -324,6 +324,8 @@ class Session:
         None where that path does not apply (then the stateless kernel runs)."""
         st = self.decode_states.get(layer)
         if st is None or choose_backend(q.device, self.kernel_backend) != "cpu":
+            return None
+        if decode_attention.applies(q, k, v):  # C reads the listed rows in place: nothing to keep
             return None
         if not decode_cache.supports(q, k, sel.block_index.shape[1], seq_start):
             return None

@@ -227,7 +227,7 @@ def summary(t: Timings, time_only: bool = False, density: float | None = None) -
 
 def machine_text(versions: Mapping[str, Any] | None) -> str | None:
     """Where the run was timed, from its stored versions (engine/runner.py): 'Timed on [GPU on]
-    CPU (ISA, N threads[, block softmax in torch]), torch X, transformers Y'; None for runs
+    CPU (ISA, N threads[, C kernels off]), torch X, transformers Y'; None for runs
     stored before the machine was kept.
     Values come from the store (perhaps an imported file): only strings are used, and the
     caller escapes them for its renderer."""
@@ -239,8 +239,10 @@ def machine_text(versions: Mapping[str, Any] | None) -> str | None:
     threads = v.get("threads")
     if threads:
         threads = f"{threads} thread" + ("" if threads == "1" else "s")
-    # the estimator's block softmax without a C compiler (~2x slower selection): said, not the norm
-    slow = "block softmax in torch" if v.get("block_softmax") == "torch" else None
+    # no C kernels where it ran (no compiler: a ~2x slower selection): said, not the norm; runs
+    # stored in 2026-12-03 kept only the block softmax's kind
+    off = v.get("c_kernels") == "off" or v.get("block_softmax") == "torch"
+    slow = "C kernels off" if off else None
     how = ", ".join(x for x in (v.get("isa"), threads, slow) if x)
     where = f"{v['gpu']} on {v['cpu']}" if "gpu" in v else v["cpu"]
     libs = [f"{name} {v[name]}" for name in ("torch", "transformers") if name in v]

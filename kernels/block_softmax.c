@@ -5,7 +5,7 @@
  * that writes every probability and a block sum that reads them back: on a 2-core AVX2 CPU those
  * three passes took ~16 ms of a 30 ms chunk (the score product the rest). This file does them as
  * two passes over each row while it sits in cache: the row's max, then exp and block sums.
- * Reference: kernels/block_softmax.py (block_softmax_sums_reference); loader: the same file.
+ * Reference and launcher: kernels/block_softmax.py; loader: kernels/native.py.
  *
  * Row i of `rows` sees columns lo[i] .. hi[i] - 1 of its `width` scores (the causal limit and any
  * left padding); every other column has no mass. out[i, j] is the mass of columns j*b .. j*b+b-1,
@@ -20,22 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* e^x for x <= 0 (relative error ~1e-7 above e^-87, 0 below): 2^(x log2 e) split into 2^n 2^f
- * with |f| <= 1/2; 2^f = e^(f ln 2) by its Taylor series to degree 6 (error (ln2/2)^7/7!); 2^n
- * written into the exponent bits. Plain C so that the compiler vectorises it. */
-static inline float exp_nonpositive(float x) {
-    if (x < -87.0f) x = -87.0f;
-    const float t = x * 1.44269504088896341f;
-    const float n = __builtin_floorf(t + 0.5f);
-    const float f = (t - n) * 0.693147180559945309f;
-    const float p =
-        1.0f + f * (1.0f + f * (0.5f + f * (1.66666667e-1f +
-        f * (4.16666667e-2f + f * (8.33333333e-3f + f * 1.38888889e-3f)))));
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return x <= -87.0f ? 0.0f : p * scale;
-}
+#include "exp.h"
 
 /* One row: x (already float32) visible over [lo, hi), into o[nb]; tmp holds nb * b floats. */
 static void row_block_mass(const float* x, int64_t lo, int64_t hi, int64_t b, int64_t nb,

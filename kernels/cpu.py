@@ -17,8 +17,9 @@ Why it is shaped like this (measured on the project's 2-core AVX-512 CPU, see do
 - The partial results are merged with their log-sum-exp in fp32.
 - A prefill's query tiles are cut into equal-work parts, one per core, each run on one thread of a
   pool (kernels/parts.py): the many short calls alone left the second core idle (see _in_parts).
-- Decode gathers the kept rows of all heads at once (one SDPA) when they fit in cache, else in
-  chunks merged by log-sum-exp; short caches take one masked SDPA over all keys.
+- Decode runs in C where it can (kernels/decode_attention.py: the listed rows read in place);
+  the torch path gathers the kept rows of all heads at once (one SDPA) when they fit in cache,
+  else in chunks merged by log-sum-exp; short caches take one masked SDPA over all keys.
 Index-list layout follows MInference's block-sparse kernel (sorted key-block ids plus a count per query
 block); the interior/edge split and the count grouping are ours.
 """
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .decode_attention import decode_block_attention
 from .parts import run_in_parts, workers
 
 _NEG_INF = float("-inf")
@@ -656,13 +658,17 @@ def _decode(
     scale: float,
     seq_start: torch.Tensor | None,
 ) -> torch.Tensor:
-    """One query per sequence: the listed blocks per (sequence, group) in cache-sized chunks.
+    """One query per sequence: in C where it can be (float32 on a CPU with a compiler), else the
+    listed blocks per (sequence, group) in cache-sized chunks.
 
     Decode is memory-bound, so what matters is touching the kept K/V rows once: full blocks are
     gathered by index_select on a [heads, blocks, b * D] view a chunk at a time (the copy stays in
     cache while the kernel reads it: 1.4-1.6x faster than one big gather), the partial last block
     is a slice, only left padding needs a (small) mask, and the chunks merge by log-sum-exp.
     """
+    out = decode_block_attention(q, k, v, block_index, block_count, b, scale, seq_start)
+    if out is not None:  # in C, the listed rows read in place (kernels/decode_attention.py)
+        return out
     bsz, h, _, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     if lk <= _DECODE_MASKED_MAX_TOKENS:

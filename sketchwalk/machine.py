@@ -15,7 +15,7 @@ import platform
 import torch
 
 from sketchwalk.engine.sketch import score_dtype
-from sketchwalk.kernels.block_softmax import native_library
+from sketchwalk.kernels.native import library
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
@@ -38,18 +38,18 @@ def run_fields(device: torch.device | str = "cpu") -> dict[str, str]:
         "cpu": cpu_model(),
         "isa": torch.backends.cpu.get_cpu_capability(),
         "threads": str(torch.get_num_threads()),
-        "block_softmax": block_softmax_kind(device),
+        "c_kernels": c_kernels(device),
     }
     if torch.device(device).type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return out
 
 
-def block_softmax_kind(device: torch.device | str = "cpu") -> str:
-    """ "C" where the sampled estimator's block softmax runs compiled (kernels/block_softmax.c:
-    CPU with a C compiler), else "torch" (without a compiler the estimator is ~2x slower)."""
+def c_kernels(device: torch.device | str = "cpu") -> str:
+    """ "on" where the C kernels run (kernels/native.py: CPU with a C compiler), else "off":
+    without them the estimator's block softmax and decode's attention run in torch, slower."""
     on_cpu = torch.device(device).type == "cpu"
-    return "C" if on_cpu and native_library() is not None else "torch"
+    return "on" if on_cpu and library() is not None else "off"
 
 
 def machine_info(device: str = "cpu", score: str = "auto") -> dict:
@@ -65,14 +65,14 @@ def machine_info(device: str = "cpu", score: str = "auto") -> dict:
 
 def describe(info: dict) -> str:
     """One line, e.g. 'machine: AMD EPYC, 2 cores, 2 threads, AVX2, score product float32,
-    block softmax C, torch 2.13.0'."""
+    C kernels on, torch 2.13.0'."""
     parts = [
         info["cpu"],
         f"{info['cores']} cores",
         f"{info['threads']} threads",
         info["isa"],
         f"score product {info['score_dtype']}",
-        *([f"block softmax {info['block_softmax']}"] if info.get("block_softmax") else []),
+        *([f"C kernels {info['c_kernels']}"] if info.get("c_kernels") else []),
         f"torch {info['torch']}",
     ]
     if info.get("gpu"):
@@ -80,4 +80,4 @@ def describe(info: dict) -> str:
     return "machine: " + ", ".join(parts)
 
 
-__all__ = ["block_softmax_kind", "cpu_model", "describe", "machine_info", "run_fields"]
+__all__ = ["c_kernels", "cpu_model", "describe", "machine_info", "run_fields"]

@@ -42,27 +42,27 @@ def test_info_follows_the_score_knob_and_the_thread_count():
 
 def test_describe_names_every_field():
     info = {"cpu": "AMD EPYC", "cores": 2, "threads": 2, "isa": "AVX2",
-            "score_dtype": "float32", "block_softmax": "C", "torch": "2.13.0"}  # fmt: skip
+            "score_dtype": "float32", "c_kernels": "on", "torch": "2.13.0"}  # fmt: skip
     line = describe(info)
     assert line == (
-        "machine: AMD EPYC, 2 cores, 2 threads, AVX2, score product float32, block softmax C, "
+        "machine: AMD EPYC, 2 cores, 2 threads, AVX2, score product float32, C kernels on, "
         "torch 2.13.0"
     )
-    old = {k: v for k, v in info.items() if k != "block_softmax"}  # JSON rows from before it
-    assert describe(old) == line.replace("block softmax C, ", "")
+    old = {k: v for k, v in info.items() if k != "c_kernels"}  # JSON rows from before it
+    assert describe(old) == line.replace("C kernels on, ", "")
     assert describe({**info, "gpu": "NVIDIA H200"}).startswith("machine: NVIDIA H200, AMD EPYC")
 
 
 def test_run_fields_are_strings_for_the_stored_versions():
     fields = run_fields("cpu")
-    assert set(fields) == {"cpu", "isa", "threads", "block_softmax"}  # no GPU for a CPU run
+    assert set(fields) == {"cpu", "isa", "threads", "c_kernels"}  # no GPU for a CPU run
     assert all(isinstance(v, str) and v for v in fields.values())
     assert fields["threads"] == str(torch.get_num_threads())
     assert machine_info("cpu").items() >= {"cpu": fields["cpu"], "isa": fields["isa"]}.items()
-    assert fields["block_softmax"] == "C"  # this machine has a compiler (.ci/run installs one)
+    assert fields["c_kernels"] == "on"  # this machine has a compiler (.ci/run installs one)
 
 
-def test_block_softmax_kind_says_torch_where_the_c_kernel_is_off(monkeypatch):
+def test_c_kernels_say_off_where_they_are_turned_off(monkeypatch):
     monkeypatch.setenv("SKETCHWALK_NATIVE", "0")
-    assert run_fields("cpu")["block_softmax"] == "torch"
-    assert machine_info("cpu")["block_softmax"] == "torch"
+    assert run_fields("cpu")["c_kernels"] == "off"
+    assert machine_info("cpu")["c_kernels"] == "off"

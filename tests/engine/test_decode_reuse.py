@@ -145,11 +145,13 @@ def _generate(model, ids, cfg, reselect, recorder=None, new=12):
     return out, s
 
 
+@pytest.mark.parametrize("native", ["1", "0"])  # the C kernel, or torch's gathered K/V
 @pytest.mark.parametrize("stagger", [False, True])  # True: the block rule crosses blocks too
 @pytest.mark.parametrize("reselect", [0, 4, 40])  # 40: kept across a key block (token 97)
-def test_density_one_decode_with_reuse_equals_per_step(reselect, stagger, monkeypatch):
+def test_density_one_decode_with_reuse_equals_per_step(reselect, stagger, native, monkeypatch):
     from sketchwalk.kernels import decode_cache
 
+    monkeypatch.setenv("SKETCHWALK_NATIVE", native)
     advanced = []
     real = decode_cache.advance
     monkeypatch.setattr(
@@ -169,6 +171,9 @@ def test_density_one_decode_with_reuse_equals_per_step(reselect, stagger, monkey
     assert a.new_ids == b.new_ids
     torch.testing.assert_close(a.new_logits, b.new_logits, atol=1e-5, rtol=1e-5)
     assert s.decode_reused > 0  # some steps did reuse ...
+    if native == "1":  # ... the C kernel reads the cache in place: nothing gathered
+        assert s.decode_states[1].gathered is None and not advanced
+        return
     assert s.decode_states[1].gathered is not None  # ... through the gathered K/V path
     # kept across a block: the gathered K/V moved along
     assert bool(advanced) == (reselect != 0 or stagger)
@@ -201,15 +206,17 @@ def test_decode_reselect_is_a_checked_knob_and_older_runs_reselect_every_token()
     assert SketchWalkConfig.from_stored(old).decode_reselect == 1  # ... a missing one is legacy
 
 
+@pytest.mark.parametrize("native", ["0", "1"])
 def test_long_cache_decode_takes_the_one_gather_path_and_matches_the_reference_kernel(
-    monkeypatch,
+    native, monkeypatch
 ):
-    """Re-selecting every token past the masked-cache length: the CPU kernel gathers the
-    selection's K/V in one go (kernels/cpu.py _decode_one_gather); outputs equal the reference
-    kernel's on the same selections."""
+    """Re-selecting every token past the masked-cache length: the CPU kernel runs in C, or
+    without it gathers the selection's K/V in one go (kernels/cpu.py _decode_one_gather);
+    outputs equal the reference kernel's on the same selections."""
     from sketchwalk.engine.session import Session
     from sketchwalk.kernels import cpu
 
+    monkeypatch.setenv("SKETCHWALK_NATIVE", native)
     calls = []
     one = cpu._decode_one_gather
     monkeypatch.setattr(
@@ -231,7 +238,7 @@ def test_long_cache_decode_takes_the_one_gather_path_and_matches_the_reference_k
             kk, vv = k[:, :, :lk].contiguous(), v[:, :, :lk].contiguous()
             outs.append(s.attend(2, q[:, :, lk - 1 : lk], kk, vv, None, d**-0.5))
         runs[backend] = torch.cat(outs, 2)
-    assert len(calls) == steps
+    assert len(calls) == (steps if native == "0" else 0)
     torch.testing.assert_close(runs["cpu"], runs["reference"], atol=2e-5, rtol=1e-4)
 
 

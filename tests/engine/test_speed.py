@@ -100,10 +100,10 @@ def test_machine_text_names_where_a_run_was_timed():
     assert speed.machine_text({"cpu": "X"}) == "Timed on X"
     gpu = {"cpu": "X", "gpu": "NVIDIA H200", "threads": "8"}
     assert speed.machine_text(gpu) == "Timed on NVIDIA H200 on X (8 threads)"
-    assert speed.machine_text({**versions, "block_softmax": "C"}) == speed.machine_text(versions)
-    assert speed.machine_text({"cpu": "X", "block_softmax": "torch"}) == (
-        "Timed on X (block softmax in torch)"  # no C compiler where it ran: a slower selection
-    )
+    assert speed.machine_text({**versions, "c_kernels": "on"}) == speed.machine_text(versions)
+    off = "Timed on X (C kernels off)"  # no C compiler where it ran: a slower selection
+    assert speed.machine_text({"cpu": "X", "c_kernels": "off"}) == off
+    assert speed.machine_text({"cpu": "X", "block_softmax": "torch"}) == off  # stored 2026-12-03
 
 
 @pytest.mark.parametrize(

@@ -141,6 +141,7 @@ def test_decode_in_chunks_with_left_padding(monkeypatch, groups):
     """Decode gathers the kept blocks a few at a time; chunks merge by LSE, padding cuts some."""
     import sketchwalk.kernels.cpu as cpu
 
+    monkeypatch.setenv("SKETCHWALK_NATIVE", "0")  # the torch path (C: test_decode_attention.py)
     monkeypatch.setattr(cpu, "_DECODE_CHUNK_TOKENS", 48)  # 3 blocks of 16 per chunk
     monkeypatch.setattr(cpu, "_DECODE_MASKED_MAX_TOKENS", 0)  # the gather path, not the mask
     gen = torch.Generator().manual_seed(groups)
@@ -154,8 +155,10 @@ def test_decode_in_chunks_with_left_padding(monkeypatch, groups):
 
 
 @pytest.mark.parametrize("groups", [1, 3, 9])
-def test_decode_short_cache_masked_path(groups):
-    """Short caches take one masked SDPA call: same result, padding hidden, empty lists zero."""
+def test_decode_short_cache_masked_path(groups, monkeypatch):
+    """Without C, short caches take one masked SDPA call: same result, padding hidden, empty
+    lists zero."""
+    monkeypatch.setenv("SKETCHWALK_NATIVE", "0")
     gen = torch.Generator().manual_seed(100 + groups)
     q, k, v = random_qkv(2, 9, 3, 1, 250, 32, torch.float32, gen)
     idx, cnt = random_block_index(2, groups, 1, 250, 16, 0.4, gen)
