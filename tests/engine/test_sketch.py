@@ -79,6 +79,25 @@ def test_block_pool_with_offset_aligns_to_absolute_blocks():
     assert torch.allclose(sums[0, 0, 1], x[0, 0, :2].sum(0))
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_block_pool_equals_a_token_by_token_sum(seed):
+    """Partial first and last blocks, offsets, padding, strided input: each token lands in
+    block (offset + t) // b, weighted by its realness."""
+    gen = torch.Generator().manual_seed(seed)
+    b = [1, 3, 4, 16, 32][seed % 5]
+    length, offset = int(torch.randint(1, 90, (1,), generator=gen)), seed * 7 % 50
+    x = torch.randn(2, length, 3, 5, generator=gen).transpose(1, 2)  # [B, H, L, d], strided
+    valid = torch.rand(2, length, generator=gen) > 0.3 if seed % 2 else None
+    sums, counts = block_pool(x, b, valid, offset)
+    n = -(-(offset + length) // b)
+    want_s, want_c = torch.zeros(2, 3, n, 5), torch.zeros(2, n)
+    for t in range(length):
+        w = torch.ones(2) if valid is None else valid[:, t].float()
+        want_s[:, :, (offset + t) // b] += x[:, :, t] * w[:, None, None]
+        want_c[:, (offset + t) // b] += w
+    assert torch.allclose(sums, want_s, atol=1e-5) and torch.equal(counts, want_c)
+
+
 def test_causal_block_softmax_rows_sum_to_one_and_are_causal():
     logits = torch.randn(2, 3, 2, 6, 6)
     valid = torch.ones(2, 6, dtype=torch.bool)
