@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.block_softmax import block_softmax_sums
+from ..kernels.block_softmax import block_softmax_sums, pack_keys, scored_block_mass
+from ..kernels.native import library
 from ..kernels.parts import run_in_parts, workers
 
 # index_reduce_ is marked beta (a one-time UserWarning); its "amax" is what max pooling needs and
@@ -398,9 +399,15 @@ def sampled_block_mass(
     j0 = int(blk_all[0])
     rows = int(blk_all[-1]) - j0 + 1
     out = torch.zeros(bsz, hkv, gh, rows, n, device=qs.device)
-    # [B, Hkv, r, Lk], contiguous: a bfloat16 product over a key prefix of the transposed view
-    # copied the keys in every chunk (~1.7x slower); float32 runs the same either way
-    keys_t = ks.transpose(-1, -2).to(dtype, memory_format=torch.contiguous_format)
+    # float32 on CPU: scores and block mass in one C call over keys packed in panels
+    # (kernels/block_softmax.py scored_block_mass: ~2x faster than the product and the softmax
+    # apart). Otherwise [B, Hkv, r, Lk], contiguous: a bfloat16 product over a key prefix of the
+    # transposed view copied the keys in every chunk (~1.7x slower)
+    fused = dtype == torch.float32 and qs.device.type == "cpu" and library() is not None
+    if fused:
+        keys = pack_keys(ks)
+    else:
+        keys = ks.transpose(-1, -2).to(dtype, memory_format=torch.contiguous_format)
     # each sequence's real keys are one span (left or right padding): a query at p sees
     # start .. min(p + 1, end) - 1
     at = torch.arange(lk, device=qs.device)
@@ -418,11 +425,15 @@ def sampled_block_mass(
         kend = int(p[-1]) + 1  # no query of this chunk sees past itself
         nkc = -(-kend // b)
         qg = kv_rows(qs[:, :, s:e] * c, hkv).to(dtype)
-        scores = qg @ keys_t[..., : min(kend, lk)]  # [B, Hkv, G * c, kend]
         # the softmax over each row's visible keys, summed per key block (kernels/block_softmax:
         # in C on CPU, without writing the probabilities: ~half the estimator's time in torch)
         hi = torch.minimum((p + 1).repeat(gh)[None, None], end)
-        mass = block_softmax_sums(scores, start, hi, b).view(bsz, hkv, gh, e - s, nkc)
+        if fused:
+            mass = scored_block_mass(qg, keys, start, hi, b, min(kend, lk))
+        else:
+            scores = qg @ keys[..., : min(kend, lk)]  # [B, Hkv, G * c, kend]
+            mass = block_softmax_sums(scores, start, hi, b)
+        mass = mass.view(bsz, hkv, gh, e - s, nkc)
         mass.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)  # padding queries
         pool_into(out[..., :nkc], 3, p // b - j0, mass, pool)
 

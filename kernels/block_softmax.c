@@ -79,3 +79,137 @@ int block_softmax_sums_bf16(const uint16_t* scores, int64_t rows, int64_t width,
     free(tmp);
     return 0;
 }
+
+/* ---- scores and block mass in one call: the sampled estimator without a score matrix ----
+ *
+ * The estimator's product q @ k^T has a shallow inner dimension (the head dim, 64 here), so
+ * torch's matmul spends much of its time writing the scores (~25 MB a chunk) that the softmax
+ * then reads back. Here a tile of TILE_ROWS query rows is scored against the keys into a buffer
+ * that stays in cache, and each row's block mass is taken from it at once. The keys come packed
+ * in panels of TILE_COLS keys, coordinate-major inside a panel (kp[p][c][j] is coordinate c of
+ * key p * TILE_COLS + j), so a tile reads them front to back; the inner loop holds TILE_ROWS x
+ * TILE_COLS scores in vector registers (GCC/Clang vector extensions: AVX with -march=native,
+ * narrower SIMD or scalar code elsewhere), the register tile of the usual 6 x 16 float GEMM
+ * micro-kernel for 16 vector registers. A tile scores the keys up to its rows' largest hi only:
+ * no causal waste. */
+#define TILE_ROWS 6
+#define TILE_COLS 16
+
+/* 8 floats, read and written at any float alignment (vector types may alias their elements) */
+typedef float vec8 __attribute__((vector_size(32), aligned(4)));
+
+/* Scores of the TILE_ROWS rows of q [TILE_ROWS, r] against the first np panels of kp [np, r,
+ * TILE_COLS], into s [TILE_ROWS, np * TILE_COLS]. */
+static void score_tile(const float* q, int64_t r, const float* kp, int64_t np, float* s) {
+    const int64_t w = np * TILE_COLS;
+    for (int64_t p = 0; p < np; p++) {
+        const float* panel = kp + p * r * TILE_COLS;
+        vec8 acc[TILE_ROWS][2];
+        for (int i = 0; i < TILE_ROWS; i++) acc[i][0] = acc[i][1] = (vec8){0};
+        for (int64_t c = 0; c < r; c++) {
+            const vec8 k0 = *(const vec8*)(panel + c * TILE_COLS);
+            const vec8 k1 = *(const vec8*)(panel + c * TILE_COLS + 8);
+            for (int i = 0; i < TILE_ROWS; i++) {
+                const float qv = q[i * r + c];
+                acc[i][0] += qv * k0;
+                acc[i][1] += qv * k1;
+            }
+        }
+        for (int i = 0; i < TILE_ROWS; i++) {
+            *(vec8*)(s + i * w + p * TILE_COLS) = acc[i][0];
+            *(vec8*)(s + i * w + p * TILE_COLS + 8) = acc[i][1];
+        }
+    }
+}
+
+/* Row i's running softmax over the columns it sees of one key chunk c0 .. c1 - 1 (scores x,
+ * x[0] being column c0): the block sums o[nb] and the total are kept relative to the running
+ * max *m, and rescaled when a later chunk raises it (online softmax, as in FlashAttention). */
+static void row_chunk_mass(const float* x, int64_t c0, int64_t c1, int64_t lo, int64_t hi,
+                           int64_t b, float* m, float* total, float* o) {
+    const int64_t a = lo > c0 ? lo : c0, e = hi < c1 ? hi : c1;
+    if (e <= a) return;
+    float mx = x[a - c0];
+    for (int64_t i = a; i < e; i++) mx = x[i - c0] > mx ? x[i - c0] : mx;
+    if (mx > *m) {
+        if (*total > 0.0f) { /* earlier chunks' sums, relative to the old max */
+            const float f = exp_nonpositive(*m - mx);
+            for (int64_t j = (lo > 0 ? lo : 0) / b; j <= (a - 1) / b; j++) o[j] *= f;
+            *total *= f;
+        }
+        *m = mx;
+    }
+    const float base = *m;
+    const float* xa = x - c0;
+    float sum = 0.0f;
+    for (int64_t j = a / b; j * b < e; j++) { /* exp and block sum in one pass */
+        const int64_t s0 = j * b > a ? j * b : a, s1 = (j + 1) * b < e ? (j + 1) * b : e;
+        float part = 0.0f;
+        for (int64_t i = s0; i < s1; i++) part += exp_nonpositive(xa[i] - base);
+        o[j] += part;
+        sum += part;
+    }
+    *total += sum;
+}
+
+/* Keys per chunk: every row tile of a unit is scored against one chunk while it sits in L2
+ * (512 keys x 64 coordinates = 128 KB), instead of streaming all keys once per tile. */
+#define CHUNK_PANELS 32
+
+/* units independent problems, each: q [rows, r] (scaled queries, contiguous), kp [np, r,
+ * TILE_COLS] the keys packed as above (np * TILE_COLS >= width; keys past width are never
+ * seen), lo, hi [rows]; out [rows, ceil(width / b)] as block_softmax_sums_f32 gives for the
+ * scores of q against the keys. Units follow each other in memory (q: rows * r apart, kp:
+ * np * r * TILE_COLS, lo, hi: rows, out: rows * nb). Returns 0, or -1 when the scratch could not
+ * be allocated. */
+int scored_block_mass_f32(const float* q, const float* kp, int64_t units, int64_t rows,
+                          int64_t r, int64_t np, int64_t width, const int64_t* lo,
+                          const int64_t* hi, int64_t b, float* out) {
+    const int64_t nb = (width + b - 1) / b, ck = CHUNK_PANELS * TILE_COLS;
+    const int64_t ntiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
+    float* s = malloc(sizeof(float) * (size_t)(TILE_ROWS * ck + ntiles * TILE_ROWS * r + 2 * rows));
+    int64_t* ends = malloc(sizeof(int64_t) * (size_t)(ntiles > 0 ? ntiles : 1));
+    if (s == NULL || ends == NULL) {
+        free(s), free(ends);
+        return -1;
+    }
+    float* qpad = s + TILE_ROWS * ck; /* the queries, zero rows after the last */
+    float* m = qpad + ntiles * TILE_ROWS * r; /* each row's running max and total */
+    float* total = m + rows;
+    for (int64_t u = 0; u < units; u++) {
+        const float* ku = kp + u * np * r * TILE_COLS;
+        const int64_t* lu = lo + u * rows;
+        const int64_t* hu = hi + u * rows;
+        float* ou = out + u * rows * nb;
+        memset(qpad, 0, sizeof(float) * (size_t)(ntiles * TILE_ROWS * r));
+        memcpy(qpad, q + u * rows * r, sizeof(float) * (size_t)(rows * r));
+        memset(ou, 0, sizeof(float) * (size_t)(rows * nb));
+        int64_t far = 0;
+        for (int64_t t = 0; t < ntiles; t++) { /* the keys a tile sees end at its largest hi */
+            int64_t end = 0;
+            for (int64_t i = t * TILE_ROWS; i < rows && i < (t + 1) * TILE_ROWS; i++)
+                end = hu[i] > end ? hu[i] : end;
+            ends[t] = end < width ? end : width;
+            far = ends[t] > far ? ends[t] : far;
+        }
+        for (int64_t i = 0; i < rows; i++) m[i] = -3.0e38f, total[i] = 0.0f;
+        for (int64_t c0 = 0; c0 < far; c0 += ck) {
+            for (int64_t t = 0; t < ntiles; t++) {
+                const int64_t c1 = ends[t] < c0 + ck ? ends[t] : c0 + ck;
+                if (c1 <= c0) continue;
+                const int64_t panels = (c1 - c0 + TILE_COLS - 1) / TILE_COLS;
+                score_tile(qpad + t * TILE_ROWS * r, r, ku + c0 * r, panels, s);
+                for (int64_t i = t * TILE_ROWS; i < rows && i < (t + 1) * TILE_ROWS; i++)
+                    row_chunk_mass(s + (i - t * TILE_ROWS) * panels * TILE_COLS, c0, c1, lu[i],
+                                   hu[i], b, m + i, total + i, ou + i * nb);
+            }
+        }
+        for (int64_t i = 0; i < rows; i++) {
+            if (total[i] <= 0.0f) continue;
+            const float inv = 1.0f / total[i];
+            for (int64_t j = 0; j < nb; j++) ou[i * nb + j] *= inv;
+        }
+    }
+    free(s), free(ends);
+    return 0;
+}

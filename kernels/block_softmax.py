@@ -57,3 +57,52 @@ def block_softmax_sums(
     if status != 0:
         raise MemoryError(f"block_softmax_sums: no memory for a scratch row of {width} scores")
     return out
+
+
+PANEL = 16  # keys per panel of pack_keys (TILE_COLS in block_softmax.c)
+
+
+def pack_keys(k: torch.Tensor) -> torch.Tensor:
+    """Keys [..., L, r] -> float32 panels [..., ceil(L / PANEL), r, PANEL] (zero keys past L), the
+    layout scored_block_mass reads front to back."""
+    length = k.shape[-2]
+    n = -(-length // PANEL)
+    kf = torch.nn.functional.pad(k.float(), (0, 0, 0, n * PANEL - length))
+    return kf.unflatten(-2, (n, PANEL)).transpose(-1, -2).contiguous()
+
+
+def scored_block_mass(
+    q: torch.Tensor,
+    panels: torch.Tensor,
+    lo: torch.Tensor | int,
+    hi: torch.Tensor | int,
+    block_size: int,
+    width: int,
+) -> torch.Tensor:
+    """block_softmax_sums(q @ k[..., :width, :].T, lo, hi, block_size) for q [..., R, r] and the
+    keys k packed by pack_keys (their first `width` seen). On CPU with float32 queries the C
+    kernel scores a few rows at a time into a buffer that stays in cache and takes their block
+    mass at once, without the [R, width] score matrix (block_softmax.c, "scores and block mass
+    in one call"); elsewhere the product and block_softmax_sums."""
+    lib = library() if q.device.type == "cpu" else None
+    if lib is None or q.dtype != torch.float32:
+        kt = panels.transpose(-1, -2).flatten(-3, -2)[..., :width, :].transpose(-1, -2)
+        return block_softmax_sums(q @ kt.to(q.dtype), lo, hi, block_size)
+    *lead, rows, r = q.shape
+    np_ = panels.shape[-3]
+    if panels.shape[:-3] != q.shape[:-2] or panels.shape[-2:] != (r, PANEL) or np_ * PANEL < width:
+        raise ValueError(
+            f"keys packed as {tuple(panels.shape)} do not fit queries {tuple(q.shape)}"
+        )
+    nb = -(-width // block_size)
+    qc, kc = q.contiguous(), panels.contiguous()
+    lo_rows = torch.as_tensor(lo, dtype=torch.int64).expand(*lead, rows).contiguous()
+    hi_rows = torch.as_tensor(hi, dtype=torch.int64).expand(*lead, rows).contiguous()
+    out = torch.empty(*lead, rows, nb, dtype=torch.float32)
+    units = qc.numel() // max(rows * r, 1)
+    status = lib.scored_block_mass_f32(qc.data_ptr(), kc.data_ptr(), units, rows, r, np_, width,
+                                       lo_rows.data_ptr(), hi_rows.data_ptr(), block_size,
+                                       out.data_ptr())  # fmt: skip
+    if status != 0:
+        raise MemoryError(f"scored_block_mass: no memory for a tile of {width} scores")
+    return out

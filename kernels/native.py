@@ -24,14 +24,17 @@ from pathlib import Path
 _HERE = Path(__file__).parent
 # -ffast-math's parts that let the loops vectorise, not -ffast-math itself: linked with it, gcc adds
 # crtfastmath.o, whose constructor turns on flush-to-zero for the whole process at load (every
-# subnormal float in torch, numpy and Python became 0; hypothesis refused to run)
+# subnormal float in torch, numpy and Python became 0; hypothesis refused to run); and fused
+# multiply-adds, which -std=c11 turns off by default (the score product ran at half speed)
 _FLAGS = ("-O3", "-fno-math-errno", "-ffinite-math-only", "-fno-signed-zeros", "-fno-trapping-math",
-          "-fassociative-math", "-freciprocal-math", "-fPIC", "-shared", "-std=c11")  # fmt: skip
+          "-fassociative-math", "-freciprocal-math", "-ffp-contract=fast", "-fPIC", "-shared",
+          "-std=c11")  # fmt: skip
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 # Every exported function with its argument types; each returns 0, or -1 when out of memory.
 _SIGNATURES = {
     "block_softmax_sums_f32": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR],
     "block_softmax_sums_bf16": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR],
+    "scored_block_mass_f32": [_PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR],
     "decode_block_attention_f32": [
         _PTR,
         _PTR,

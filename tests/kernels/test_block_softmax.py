@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from sketchwalk.kernels.block_softmax import block_softmax_sums, block_softmax_sums_reference
+from sketchwalk.kernels.block_softmax import (
+    block_softmax_sums,
+    block_softmax_sums_reference,
+    pack_keys,
+    scored_block_mass,
+)
 from sketchwalk.kernels.native import library
 
 
@@ -41,3 +46,39 @@ def test_broadcast_bounds_and_extreme_scores():
     assert torch.allclose(got, block_softmax_sums_reference(scores, lo, hi, 2), atol=1e-6)
     assert got[1, 1].tolist() == [1.0, 0.0, 0.0]  # sees column 1 only
     assert block_softmax_sums(scores, 0, 6, 4).shape == (2, 3, 2)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_scored_block_mass_equals_the_product_and_the_reference(seed):
+    """Scores and block mass in one C call against the torch product and reference softmax:
+    widths past several 512-key chunks (the running max rescaled when a later chunk raises it),
+    partial panels and tiles, empty rows, head dims that are not multiples of 8."""
+    gen = torch.Generator().manual_seed(seed)
+    lead = [(), (3,), (2, 2)][seed % 3]
+    rows = int(torch.randint(1, 20, (1,), generator=gen))
+    r = [64, 5, 16, 128][seed % 4]
+    length = int(torch.randint(1, 1700, (1,), generator=gen))
+    width = int(torch.randint(1, length + 1, (1,), generator=gen))
+    b = [1, 3, 16, 32, 64][seed % 5]
+    q = torch.randn(*lead, rows, r, generator=gen)
+    k = torch.randn(*lead, length, r, generator=gen)
+    k = k * torch.linspace(0.2, 3.0, length)[:, None]  # later keys score larger: the max moves
+    lo = torch.randint(-3, width, (*lead, rows), generator=gen)
+    hi = torch.randint(0, width + 4, (*lead, rows), generator=gen)
+    got = scored_block_mass(q, pack_keys(k), lo, hi, b, width)
+    scores = q @ k[..., :width, :].transpose(-1, -2)
+    want = block_softmax_sums_reference(scores, lo, hi, b)
+    assert got.shape == want.shape == (*lead, rows, -(-width // b))
+    assert torch.allclose(got, want, atol=3e-6, rtol=1e-4)
+
+
+def test_scored_block_mass_without_c_is_the_product_and_a_wrong_packing_is_an_error(monkeypatch):
+    q, k = torch.randn(2, 7, 64), torch.randn(2, 100, 64)
+    fast = scored_block_mass(q, pack_keys(k), 0, 90, 16, 90)
+    monkeypatch.setenv("SKETCHWALK_NATIVE", "0")
+    slow = scored_block_mass(q, pack_keys(k), 0, 90, 16, 90)
+    assert torch.allclose(fast, slow, atol=2e-6)
+    monkeypatch.setenv("SKETCHWALK_NATIVE", "1")
+    assert pack_keys(k).shape == (2, 7, 64, 16)  # 100 keys in 7 panels of 16
+    with pytest.raises(ValueError, match="do not fit"):
+        scored_block_mass(q, pack_keys(k[:, :40]), 0, 90, 16, 90)  # 48 packed keys < width
