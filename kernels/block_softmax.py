@@ -1,11 +1,12 @@
 """Softmax mass per key block of score rows: the sampled estimator's inner loop.
 
 `block_softmax_sums(scores, lo, hi, block_size)`: row i's softmax over its columns lo .. hi - 1,
-summed per block of `block_size` columns. On CPU it runs block_softmax.c (built and loaded by
-kernels/native.py); elsewhere, without a compiler, or with SKETCHWALK_NATIVE=0 it runs the torch
-reference below. Why C: torch's mask, softmax and block sum are three passes that write and
-re-read every probability; the C loop reads each row twice while it is in cache (docs/speed.md
-has the measurements).
+summed per block of `block_size` columns. `scored_block_mass(q, pack_keys(k), lo, hi, b, width)`:
+the same for the scores q @ k^T without forming them. On CPU both run block_softmax.c (built and
+loaded by kernels/native.py); elsewhere, without a compiler, or with SKETCHWALK_NATIVE=0 the
+torch reference below (and the torch product). Why C: torch's mask, softmax and block sum are
+three passes that write and re-read every probability, and the product before them writes every
+score; the C loops keep a row, or a tile of rows, in cache (docs/speed.md has the measurements).
 """
 
 from __future__ import annotations

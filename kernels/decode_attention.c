@@ -6,8 +6,8 @@
  * i.e. 2.5-4 GB/s, where reading the rows once can stream at several times that. This file reads
  * each listed K row and V row once, straight from the cache, for all the query heads that share
  * the KV head and the list: scores in a first pass, softmax and the weighted V sum in a second.
- * Reference: kernels/reference.py (block_sparse_attention_reference); loader:
- * kernels/decode_attention.py.
+ * Reference: kernels/reference.py (block_sparse_attention_reference); launcher:
+ * kernels/decode_attention.py; loader: kernels/native.py.
  *
  * Layout: q [B, H, d] (contiguous); k and v of any strides (batch, head, token; the head dim is
  * contiguous); ids [B, G, width] block ids (any order, duplicates and ids outside the cache
@@ -20,11 +20,6 @@
 #include <string.h>
 
 #include "exp.h"
-
-typedef struct {
-    const float* base;
-    int64_t batch, head, token; /* strides in floats */
-} rows_t;
 
 /* Query rows q[0 .. nq - 1] (d floats each, already scaled) over the tokens [t0[i], t1[i]) of
  * nspan spans of one KV head; s holds nq * n scores (n = the spans' total length). */

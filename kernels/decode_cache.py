@@ -1,5 +1,8 @@
 """Decode over a selection that is kept across steps: gather its K/V once, then one SDPA per step.
 
+The torch path: where the C kernels run (float32 on a CPU with a compiler), decode reads the
+listed blocks in place instead (kernels/decode_attention.py) and nothing is kept here.
+
 Why: a decode step is a handful of microseconds of arithmetic per layer, so on CPU its cost is the
 number of torch ops (each can wait for an OpenMP wake-up on a loaded machine) and the bytes it
 copies. The stateless kernel (kernels/cpu.py `_decode`) gathers the listed blocks every step, a
