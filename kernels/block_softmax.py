@@ -63,11 +63,11 @@ def block_softmax_sums(
 PANEL = 16  # keys per panel of pack_keys (TILE_COLS in block_softmax.c)
 
 
-def pack_keys(k: torch.Tensor) -> torch.Tensor:
-    """Keys [..., L, r] -> float32 panels [..., ceil(L / PANEL), r, PANEL] (zero keys past L), the
-    layout scored_block_mass reads front to back."""
+def pack_keys(k: torch.Tensor, multiple: int = PANEL) -> torch.Tensor:
+    """Keys [..., L, r] -> float32 panels [..., n, r, PANEL] (zero keys past L, up to a multiple of
+    `multiple` keys, itself a multiple of PANEL), the layout the C kernels read front to back."""
     length = k.shape[-2]
-    n = -(-length // PANEL)
+    n = -(-length // multiple) * (multiple // PANEL)
     kf = torch.nn.functional.pad(k.float(), (0, 0, 0, n * PANEL - length))
     return kf.unflatten(-2, (n, PANEL)).transpose(-1, -2).contiguous()
 

@@ -17,6 +17,8 @@ Why it is shaped like this (measured on the project's 2-core AVX-512 CPU, see do
 - The partial results are merged with their log-sum-exp in fp32.
 - A prefill's query tiles are cut into equal-work parts, one per core, each run on one thread of a
   pool (kernels/parts.py): the many short calls alone left the second core idle (see _in_parts).
+- Causal prefill runs in C where it can (kernels/prefill_attention.py: both products in register
+  tiles over the listed blocks, no gathers); everything below is the torch path beside it.
 - Decode runs in C where it can (kernels/decode_attention.py: the listed rows read in place);
   the torch path gathers the kept rows of all heads at once (one SDPA) when they fit in cache,
   else in chunks merged by log-sum-exp; short caches take one masked SDPA over all keys.
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 
 from .decode_attention import decode_block_attention
 from .parts import run_in_parts, workers
+from .prefill_attention import prefill_block_attention
 
 _NEG_INF = float("-inf")
 _RUN_SLACK = 4  # blocks a row may give up to share its sink run with its neighbours
@@ -425,6 +428,10 @@ def block_sparse_attention_cpu(
         raise ValueError(f"heads {h} must be a multiple of index groups {g} and KV heads {hkv}")
     if lq == 1 and causal and (hkv % g == 0 or g % hkv == 0):
         return _decode(q, k, v, block_index, block_count, b, scale, seq_start)
+    if causal:  # in C where it can be: kernels/prefill_attention.py
+        out = prefill_block_attention(q, k, v, block_index, block_count, b, scale, seq_start, qt)
+        if out is not None:
+            return out.to(q.dtype)
     parts = _split_points(block_count, workers())
     if len(parts) > 2:
         return _in_parts(q, k, v, block_index, block_count, b, qt, causal, scale, seq_start, parts)

@@ -1,7 +1,8 @@
 """The C kernels of this folder, compiled on first use and loaded through ctypes.
 
 `library()` is one shared library built from every kernels/*.c (block_softmax.c: the sampled
-estimator's softmax mass per key block; decode_attention.c: decode over listed blocks) with the
+estimator's softmax mass per key block; decode_attention.c and prefill_attention.c: attention
+over listed blocks) with the
 machine's C compiler (`$CC`, else `cc`) into `$SKETCHWALK_CACHE/native` (default
 ~/.cache/sketchwalk/native), one library per source, compiler and CPU. Where it cannot be built,
 or with SKETCHWALK_NATIVE=0, it is None after one warning, and every caller runs its torch path.
@@ -35,6 +36,35 @@ _SIGNATURES = {
     "block_softmax_sums_f32": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR],
     "block_softmax_sums_bf16": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR],
     "scored_block_mass_f32": [_PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR],
+    "prefill_block_attention_f32": [
+        _PTR,
+        _I64,
+        _I64,
+        _I64,
+        _PTR,
+        _PTR,
+        _I64,
+        _I64,
+        _I64,
+        _I64,
+        _I64,
+        _I64,
+        _I64,
+        _I64,
+        _I64,
+        _I64,
+        _I64,
+        _I64,
+        _PTR,
+        _PTR,
+        _I64,
+        _I64,
+        _PTR,
+        ctypes.c_float,
+        _I64,
+        _I64,
+        _PTR,
+    ],
     "decode_block_attention_f32": [
         _PTR,
         _PTR,

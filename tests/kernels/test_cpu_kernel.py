@@ -25,6 +25,15 @@ from sketchwalk.kernels.testing import (
     with_room,
 )
 
+
+@pytest.fixture(autouse=True, params=["0", "1"], ids=["torch", "C"])
+def native(request, monkeypatch):
+    """Every test twice: the torch path, and with the C kernels (kernels/native.py) where they
+    apply (float32 decode; causal prefill with 16-multiple blocks, tiles and head dims)."""
+    monkeypatch.setenv("SKETCHWALK_NATIVE", request.param)
+    return request.param
+
+
 # (batch, heads, kv_heads, lq, lk, head_dim, block, groups)
 SHAPES = [
     (1, 9, 3, 300, 300, 64, 16, 1),  # SmolLM2 heads, partial last block

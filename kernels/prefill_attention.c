@@ -1,0 +1,209 @@
+/* Block-sparse prefill attention on CPU: both products in register tiles, no gathers.
+ *
+ * The torch path (kernels/cpu.py) gathers each query tile's listed K/V blocks and calls torch's
+ * flash kernel per group of rows: its calls run at dense attention's efficiency, but a layer
+ * spends ~25% more in the thousands of small ops around them (gathers, masks, log-sum-exp
+ * merges). Here one call does a layer: for each (sequence, KV head, query tile) its listed blocks
+ * are taken in chunks of up to CHUNK_KEYS keys (which stay in L2 while every row of the tile
+ * passes over them); 6 rows at a time are scored against the chunk (the 6 x 16 register tile of
+ * block_softmax.c over the keys packed in panels of 16), the scores become probabilities with a
+ * running max per row (online softmax, as in FlashAttention), and the same 6 rows take the
+ * chunk's values (a 6 x 16 register tile over V's rows). The query heads of a KV head that share
+ * a list are rows of one problem, so each K and V row is read once for all of them.
+ * Reference: kernels/reference.py (block_sparse_attention_reference); launcher:
+ * kernels/prefill_attention.py; loader: kernels/native.py.
+ *
+ * Layout: q [B, H, Lq, d] of any batch, head and token strides, out [B, H, Lq, d] contiguous,
+ * float32; kp [B, Hkv, np, d, 16]: the
+ * keys packed in panels of 16 (kernels/block_softmax.py pack_keys; np * 16 >= ceil(Lk / b) * b,
+ * whole blocks); v [B, Hkv,
+ * Lk, d] with any batch, head and token strides (the head dim contiguous). ids [B, G, nt, width]
+ * with counts [B, G, nt]: key-block ids per query tile of qt rows (any order, repeats and ids
+ * past the cache ignored). b, qt and d multiples of 16; qt a multiple of b. Query row r sits at
+ * position Lk - Lq + r and sees keys starts[bi] .. its position (starts may be NULL). A row that
+ * sees no key gets zeros.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exp.h"
+
+#define TILE_ROWS 6
+#define PANEL 16
+#define CHUNK_KEYS 512
+/* below every score: the library is built with -ffinite-math-only, so no infinities */
+#define HIDDEN (-3.0e38f)
+
+typedef float vec8 __attribute__((vector_size(32), aligned(4)));
+
+/* s[i][0 .. np * 16) = q[i] . key for the TILE_ROWS rows of q [TILE_ROWS, d] and the np panels
+ * at kp; s has row stride lds. */
+static void scores(const float* q, int64_t d, const float* kp, int64_t np, float* s,
+                   int64_t lds) {
+    for (int64_t p = 0; p < np; p++) {
+        const float* panel = kp + p * d * PANEL;
+        vec8 acc[TILE_ROWS][2];
+        for (int i = 0; i < TILE_ROWS; i++) acc[i][0] = acc[i][1] = (vec8){0};
+        for (int64_t c = 0; c < d; c++) {
+            const vec8 k0 = *(const vec8*)(panel + c * PANEL);
+            const vec8 k1 = *(const vec8*)(panel + c * PANEL + 8);
+            for (int i = 0; i < TILE_ROWS; i++) {
+                const float qv = q[i * d + c];
+                acc[i][0] += qv * k0;
+                acc[i][1] += qv * k1;
+            }
+        }
+        for (int i = 0; i < TILE_ROWS; i++) {
+            *(vec8*)(s + i * lds + p * PANEL) = acc[i][0];
+            *(vec8*)(s + i * lds + p * PANEL + 8) = acc[i][1];
+        }
+    }
+}
+
+/* o[i][0 .. d) += sum over n keys of p[i][j] * v[j] for TILE_ROWS rows: p has row stride ldp,
+ * v's rows are vts floats apart; d a multiple of 16. */
+static void add_values(const float* p, int64_t ldp, int64_t n, const float* v, int64_t vts,
+                       int64_t d, float* o) {
+    for (int64_t c = 0; c < d; c += 16) {
+        vec8 acc[TILE_ROWS][2];
+        for (int i = 0; i < TILE_ROWS; i++) {
+            acc[i][0] = *(const vec8*)(o + i * d + c);
+            acc[i][1] = *(const vec8*)(o + i * d + c + 8);
+        }
+        for (int64_t j = 0; j < n; j++) {
+            const vec8 v0 = *(const vec8*)(v + j * vts + c);
+            const vec8 v1 = *(const vec8*)(v + j * vts + c + 8);
+            for (int i = 0; i < TILE_ROWS; i++) {
+                const float pv = p[i * ldp + j];
+                acc[i][0] += pv * v0;
+                acc[i][1] += pv * v1;
+            }
+        }
+        for (int i = 0; i < TILE_ROWS; i++) {
+            *(vec8*)(o + i * d + c) = acc[i][0];
+            *(vec8*)(o + i * d + c + 8) = acc[i][1];
+        }
+    }
+}
+
+/* The units u0, u0 + step, ... of B * Hkv * nt (sequence, KV head, query tile), so that callers
+ * can split a layer over threads. Returns 0, or -1 when scratch memory could not be allocated. */
+int prefill_block_attention_f32(const float* q, int64_t qbs, int64_t qhs, int64_t qts,
+                                const float* kp, const float* v, int64_t vbs, int64_t vhs,
+                                int64_t vts, int64_t bsz, int64_t h, int64_t hkv,
+                                int64_t lq, int64_t lk, int64_t d, int64_t np, int64_t b,
+                                int64_t qt, const int64_t* ids, const int64_t* counts, int64_t g,
+                                int64_t width, const int64_t* starts, float scale, int64_t u0,
+                                int64_t step, float* out) {
+    const int64_t gh = h / hkv, nt = (lq + qt - 1) / qt, nk = (lk + b - 1) / b;
+    const int64_t max_rows = gh * qt + TILE_ROWS;
+    float* s = malloc(sizeof(float) * (size_t)(TILE_ROWS * CHUNK_KEYS + max_rows * d +
+                                               max_rows * (d + 2)));
+    unsigned char* mark = malloc((size_t)nk);
+    int64_t* blocks = malloc(sizeof(int64_t) * (size_t)nk);
+    if (s == NULL || mark == NULL || blocks == NULL) {
+        free(s), free(mark), free(blocks);
+        return -1;
+    }
+    float* qs = s + TILE_ROWS * CHUNK_KEYS; /* the problem's scaled queries, zero rows after */
+    float* o = qs + max_rows * d;           /* their outputs so far */
+    float* m = o + max_rows * d;            /* running max and total per row */
+    float* l = m + max_rows;
+    const int64_t off = lk - lq;
+    for (int64_t u = u0; u < bsz * hkv * nt; u += step) {
+        const int64_t t = u % nt, kh = (u / nt) % hkv, bi = u / (nt * hkv);
+        const int64_t start = starts == NULL ? 0 : starts[bi];
+        const int64_t r0 = t * qt, tr = lq - r0 < qt ? lq - r0 : qt; /* the tile's rows */
+        const float* ku = kp + (bi * hkv + kh) * np * d * PANEL;
+        const float* vu = v + bi * vbs + kh * vhs;
+        int64_t qh = kh * gh;
+        while (qh < (kh + 1) * gh) { /* runs of this KV head's query heads that share a list */
+            const int64_t gi = qh * g / h;
+            int64_t end = qh + 1;
+            while (end < (kh + 1) * gh && end * g / h == gi) end++;
+            const int64_t rows = (end - qh) * tr, tiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
+            /* the list: ascending, distinct, within the cache and the tile's causal reach */
+            memset(mark, 0, (size_t)nk);
+            const int64_t* list = ids + ((bi * g + gi) * nt + t) * width;
+            const int64_t cnt = counts[(bi * g + gi) * nt + t];
+            for (int64_t i = 0; i < cnt && i < width; i++)
+                if (list[i] >= 0 && list[i] < nk) mark[list[i]] = 1;
+            const int64_t reach = off + r0 + tr - 1; /* the tile's last position */
+            int64_t nbl = 0;
+            for (int64_t j = 0; j < nk && j * b <= reach; j++)
+                if (mark[j] && (j + 1) * b > start) blocks[nbl++] = j;
+            for (int64_t hq = qh; hq < end; hq++) /* rows (head, row) in head-major order */
+                for (int64_t r = 0; r < tr; r++)
+                    for (int64_t c = 0; c < d; c++)
+                        qs[((hq - qh) * tr + r) * d + c] =
+                            q[bi * qbs + hq * qhs + (r0 + r) * qts + c] * scale;
+            memset(qs + rows * d, 0, sizeof(float) * (size_t)((tiles * TILE_ROWS - rows) * d));
+            memset(o, 0, sizeof(float) * (size_t)(tiles * TILE_ROWS * d));
+            for (int64_t i = 0; i < tiles * TILE_ROWS; i++) m[i] = HIDDEN, l[i] = 0.0f;
+            const int64_t per_chunk = CHUNK_KEYS / b > 0 ? CHUNK_KEYS / b : 1;
+            for (int64_t c0 = 0; c0 < nbl; c0 += per_chunk) {
+                const int64_t c1 = c0 + per_chunk < nbl ? c0 + per_chunk : nbl;
+                const int64_t w = (c1 - c0) * b;
+                for (int64_t ti = 0; ti < tiles; ti++) {
+                    const int64_t i0 = ti * TILE_ROWS;
+                    for (int64_t x = c0; x < c1; x++)
+                        scores(qs + i0 * d, d, ku + blocks[x] * b * d, b / PANEL,
+                               s + (x - c0) * b, CHUNK_KEYS);
+                    for (int64_t i = 0; i < TILE_ROWS; i++) {
+                        float* row = s + i * CHUNK_KEYS;
+                        const int64_t pos = i0 + i < rows ? off + r0 + (i0 + i) % tr : -1;
+                        float mx = HIDDEN;
+                        int seen = 0;
+                        for (int64_t x = c0; x < c1; x++) { /* hide the keys it cannot see */
+                            const int64_t k0 = blocks[x] * b;
+                            const int64_t a = start > k0 ? start - k0 : 0;
+                            int64_t e = pos + 1 < lk ? pos + 1 - k0 : lk - k0;
+                            e = e < b ? e : b;
+                            float* seg = row + (x - c0) * b;
+                            if (a > 0 || e < b) /* only edge blocks: the rest is all visible */
+                                for (int64_t j = 0; j < b; j++)
+                                    if (j < a || j >= e) seg[j] = HIDDEN;
+                            for (int64_t j = a; j < e; j++) mx = seg[j] > mx ? seg[j] : mx;
+                            seen |= e > a;
+                        }
+                        if (!seen) { /* sees nothing in this chunk */
+                            memset(row, 0, sizeof(float) * (size_t)w);
+                            continue;
+                        }
+                        float* mi = m + i0 + i;
+                        if (mx > *mi) { /* rescale what earlier chunks added */
+                            const float f = l[i0 + i] > 0.0f ? exp_nonpositive(*mi - mx) : 0.0f;
+                            for (int64_t c = 0; c < d; c++) o[(i0 + i) * d + c] *= f;
+                            l[i0 + i] *= f;
+                            *mi = mx;
+                        }
+                        const float base = *mi;
+                        float sum = 0.0f;
+                        for (int64_t j = 0; j < w; j++) { /* hidden: e^(-3e38 - base) = 0 */
+                            const float p = exp_nonpositive(row[j] - base);
+                            row[j] = p;
+                            sum += p;
+                        }
+                        l[i0 + i] += sum;
+                    }
+                    for (int64_t x = c0; x < c1; x++) { /* a partial last block: its keys only */
+                        const int64_t n = lk - blocks[x] * b < b ? lk - blocks[x] * b : b;
+                        add_values(s + (x - c0) * b, CHUNK_KEYS, n, vu + blocks[x] * b * vts,
+                                   vts, d, o + i0 * d);
+                    }
+                }
+            }
+            for (int64_t hq = qh; hq < end; hq++)
+                for (int64_t r = 0; r < tr; r++) {
+                    const int64_t i = (hq - qh) * tr + r;
+                    const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+                    float* dst = out + ((bi * h + hq) * lq + r0 + r) * d;
+                    for (int64_t c = 0; c < d; c++) dst[c] = o[i * d + c] * inv;
+                }
+            qh = end;
+        }
+    }
+    free(s), free(mark), free(blocks);
+    return 0;
+}
