@@ -13,19 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from .native import library
+from .native import library, runs_on
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether decode_block_attention runs for these tensors (else it returns None)."""
-    return (
-        q.device.type == "cpu"
-        and q.shape[2] == 1
-        and q.dtype == k.dtype == v.dtype == torch.float32
-        and k.stride(-1) == 1
-        and v.stride(-1) == 1
-        and library() is not None
-    )
+    return q.shape[2] == 1 and runs_on(q, k, v)
 
 
 def decode_block_attention(

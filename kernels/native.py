@@ -22,6 +22,8 @@ import threading
 import warnings
 from pathlib import Path
 
+import torch
+
 _HERE = Path(__file__).parent
 # -ffast-math's parts that let the loops vectorise, not -ffast-math itself: linked with it, gcc adds
 # crtfastmath.o, whose constructor turns on flush-to-zero for the whole process at load (every
@@ -30,66 +32,16 @@ _HERE = Path(__file__).parent
 _FLAGS = ("-O3", "-fno-math-errno", "-ffinite-math-only", "-fno-signed-zeros", "-fno-trapping-math",
           "-fassociative-math", "-freciprocal-math", "-ffp-contract=fast", "-fPIC", "-shared",
           "-std=c11")  # fmt: skip
-_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-# Every exported function with its argument types; each returns 0, or -1 when out of memory.
+# Every exported function's arguments (p: pointer, i: int64, f: float), in the order of its C
+# signature; each returns 0, or -1 when out of memory.
 _SIGNATURES = {
-    "block_softmax_sums_f32": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR],
-    "block_softmax_sums_bf16": [_PTR, _I64, _I64, _PTR, _PTR, _I64, _PTR],
-    "scored_block_mass_f32": [_PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64, _PTR],
-    "prefill_block_attention_f32": [
-        _PTR,
-        _I64,
-        _I64,
-        _I64,
-        _PTR,
-        _PTR,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _PTR,
-        _PTR,
-        _I64,
-        _I64,
-        _PTR,
-        ctypes.c_float,
-        _I64,
-        _I64,
-        _PTR,
-    ],
-    "decode_block_attention_f32": [
-        _PTR,
-        _PTR,
-        _I64,
-        _I64,
-        _I64,
-        _PTR,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _I64,
-        _PTR,
-        _PTR,
-        _I64,
-        _I64,
-        _PTR,
-        ctypes.c_float,
-        _PTR,
-    ],  # fmt: skip
+    "block_softmax_sums_f32": "p i i p p i p",
+    "block_softmax_sums_bf16": "p i i p p i p",
+    "scored_block_mass_f32": "p p i i i i i p p i p",
+    "decode_block_attention_f32": "p p i i i p i i i i i i i i i p p i i p f p",
+    "prefill_block_attention_f32": "p i i i p p i i i i i i i i i i i i p p i i p f i i p",
 }
+_TYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
 
@@ -106,6 +58,15 @@ def library() -> ctypes.CDLL | None:
         if key not in _loaded:
             _loaded[key] = _load(key)
     return _loaded[key]
+
+
+def runs_on(*tensors: torch.Tensor) -> bool:
+    """Whether the float32 kernels can take these tensors: on CPU, float32, the last dim
+    contiguous, and the library built."""
+    ok = all(
+        t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors
+    )
+    return ok and library() is not None
 
 
 def _sources() -> list[Path]:
@@ -150,7 +111,7 @@ def _load(key: str) -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(path))
         for name, args in _SIGNATURES.items():
             fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, ctypes.c_int
+            fn.argtypes, fn.restype = [_TYPES[a] for a in args.split()], ctypes.c_int
     except (OSError, AttributeError, subprocess.SubprocessError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         warnings.warn(

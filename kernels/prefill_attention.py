@@ -15,23 +15,14 @@ from __future__ import annotations
 import torch
 
 from .block_softmax import PANEL, pack_keys
-from .native import library
+from .native import library, runs_on
 from .parts import run_in_parts, workers
 
 
 def applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int, tile: int) -> bool:
     """Whether prefill_block_attention runs for these tensors and lists (else it returns None)."""
-    d = q.shape[-1]
-    return (
-        q.device.type == "cpu"
-        and q.dtype == k.dtype == v.dtype == torch.float32
-        and block_size % PANEL == 0
-        and tile % block_size == 0
-        and d % PANEL == 0
-        and q.stride(-1) == 1
-        and v.stride(-1) == 1
-        and library() is not None
-    )
+    sizes = block_size % PANEL == 0 and tile % block_size == 0 and q.shape[-1] % PANEL == 0
+    return sizes and runs_on(q, k, v)
 
 
 def prefill_block_attention(

