@@ -4,17 +4,18 @@
  * needs, per query, the softmax mass of each key block. In torch that is a causal mask, a softmax
  * that writes every probability and a block sum that reads them back: on a 2-core AVX2 CPU those
  * three passes took ~16 ms of a 30 ms chunk (the score product the rest). This file does them as
- * two passes over each row while it sits in cache: the row's max, then exp and block sums.
+ * two passes over each row while it sits in cache: the row's max, then exp and block sums; and,
+ * below, the same from queries and keys without a score matrix (scored_block_mass_f32).
  * Reference and launcher: kernels/block_softmax.py; loader: kernels/native.py.
  *
  * Row i of `rows` sees columns lo[i] .. hi[i] - 1 of its `width` scores (the causal limit and any
  * left padding); every other column has no mass. out[i, j] is the mass of columns j*b .. j*b+b-1,
  * nb = ceil(width / b) of them per row, summing to 1 (all 0 when the row sees nothing).
  *
- * Compiled with -O3 and the parts of -ffast-math that let the loops vectorise (never -ffast-math
- * itself: it would link crtfastmath.o, which flushes subnormals to zero process-wide), and
- * -march=native where the compiler has it; the scores must be finite (columns outside lo .. hi
- * are never read).
+ * Compiled with -O3, fused multiply-adds and the parts of -ffast-math that let the loops
+ * vectorise (never -ffast-math itself: it would link crtfastmath.o, which flushes subnormals to
+ * zero process-wide), and -march=native where the compiler has it; the scores must be finite
+ * (columns outside lo .. hi are never read).
  */
 #include <stdint.h>
 #include <stdlib.h>
