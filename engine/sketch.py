@@ -345,6 +345,14 @@ def token_block_mass(
 _CHUNK_SPAN = 16
 
 
+_SCORE_ELEMS = 1 << 21  # scores per chunk of the torch product: measured best here
+# The fused kernel writes block masses, not scores, and scores each tile of rows only up to its
+# own causal end, so its chunks need no span cap: at most this many masses (16 MB) a chunk, at
+# 7376 tokens one call per core instead of ~30 calls of ~30 queries.
+_FUSED_ELEMS = 1 << 22
+_PART_QUERIES = 32  # scored queries a thread must get to be worth starting
+
+
 def score_dtype(name: str, device: torch.device | str) -> torch.dtype:
     """The dtype of the sampled estimator's score product for knob value `name`: "auto" is
     bfloat16 on CUDA and on CPUs with oneDNN bfloat16 (AVX-512 and newer), where the product
@@ -378,7 +386,7 @@ def sampled_block_mass(
     block_size: int,
     dim: int,
     tau: float,
-    chunk_elems: int = 1 << 21,  # measured best here: larger than the query estimator's
+    chunk_elems: int | None = None,
     pool: str = "mean",
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
@@ -388,7 +396,9 @@ def sampled_block_mass(
     real keys per sequence, as padding makes it); each query sees
     the real keys up to itself, a row's estimate is the mean over its scored queries, or with
     pool "max" each key block's largest mass among them (padding queries count as 0). dtype:
-    of the score product (score_dtype); the softmax and the masses are float32."""
+    of the score product (score_dtype); the softmax and the masses are float32. chunk_elems:
+    what one pass over a chunk of queries may hold (scores, or the fused kernel's block masses;
+    None: the measured defaults below)."""
     bsz, h, length, r = qs.shape
     hkv, lk = ks.shape[1], ks.shape[2]
     gh, b = h // hkv, block_size
@@ -413,7 +423,10 @@ def sampled_block_mass(
     at = torch.arange(lk, device=qs.device)
     start = torch.where(k_valid, at, lk).amin(1).view(bsz, 1, 1)
     end = torch.where(k_valid, at + 1, 0).amax(1).view(bsz, 1, 1)
-    step = _chunk_queries(pos, lk, h * lk * bsz, chunk_elems)
+    if fused:  # bounded by its output alone: every row tile's keys end at its own queries
+        step = max(1, (chunk_elems or _FUSED_ELEMS) // max(h * n * bsz, 1))
+    else:
+        step = _chunk_queries(pos, lk, h * lk * bsz, chunk_elems or _SCORE_ELEMS)
 
     def score(s0: int, s1: int) -> None:
         """Queries s0 .. s1 - 1, chunk by chunk, into their rows of out."""
@@ -439,7 +452,8 @@ def sampled_block_mass(
 
     # on CPU, one part per core (kernels/parts.py: at 7k tokens 1.6x faster than every op on
     # both cores); parts end at query blocks, so they add into disjoint rows of out
-    cuts = _cuts_by_work(pos, b, workers(), 2 * step) if qs.device.type == "cpu" else [0, length]
+    on_cpu = qs.device.type == "cpu"
+    cuts = _cuts_by_work(pos, b, workers(), _PART_QUERIES) if on_cpu else [0, length]
     if len(cuts) > 2:
         run_in_parts(score, cuts)
     else:

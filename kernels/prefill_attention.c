@@ -35,8 +35,6 @@
 /* below every score: the library is built with -ffinite-math-only, so no infinities */
 #define HIDDEN (-3.0e38f)
 
-typedef float vec8 __attribute__((vector_size(32), aligned(4)));
-
 /* s[i][0 .. np * 16) = q[i] . key for the TILE_ROWS rows of q [TILE_ROWS, d] and the np panels
  * at kp; s has row stride lds. */
 static void scores(const float* q, int64_t d, const float* kp, int64_t np, float* s,

@@ -297,7 +297,7 @@ def test_sampled_estimator_equals_brute_force_block_mass(
     a row is the mean over its scored real queries (pool "max": per key block, the largest of
     their masses). chunk: score matrix elements per pass (small:
     many chunks, of different widths; long texts: chunks capped by their span); parts: threads
-    the queries are cut over (kernels/parts.py, only where each part gets two chunks); native:
+    the queries are cut over (kernels/parts.py, only where each part gets enough queries); native:
     the block softmax in C (kernels/block_softmax.c) or its torch reference."""
     import sketchwalk.engine.sketch as sketch
     from sketchwalk.engine.sketch import sample_positions, sampled_block_mass
@@ -337,8 +337,7 @@ def test_sampled_estimator_equals_brute_force_block_mass(
     if pool == "mean":
         want = want / count.clamp(min=1)[:, None, None, :, None]
     assert torch.allclose(got, want, atol=1e-5)
-    step = sketch._chunk_queries(pos, t, h * t * 2, chunk)
-    assert bool(split) == (parts > 1 and pos.numel() >= parts * 2 * step)  # 2 chunks a part
+    assert bool(split) == (parts > 1 and pos.numel() >= parts * sketch._PART_QUERIES)
     if pool == "mean":  # every scored row is a distribution
         rows = got.sum(-1)
         scored = (count > 0)[:, None, None, :].expand_as(rows)

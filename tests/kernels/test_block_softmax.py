@@ -59,7 +59,7 @@ def test_scored_block_mass_equals_the_product_and_the_reference(seed):
     r = [64, 5, 16, 128][seed % 4]
     length = int(torch.randint(1, 1700, (1,), generator=gen))
     width = int(torch.randint(1, length + 1, (1,), generator=gen))
-    b = [1, 3, 16, 32, 64][seed % 5]
+    b = [1, 3, 8, 16, 32, 64][seed % 6]  # 8, 16, ...: 8 columns at a time; 1, 3: one at a time
     q = torch.randn(*lead, rows, r, generator=gen)
     k = torch.randn(*lead, length, r, generator=gen)
     k = k * torch.linspace(0.2, 3.0, length)[:, None]  # later keys score larger: the max moves
@@ -70,6 +70,25 @@ def test_scored_block_mass_equals_the_product_and_the_reference(seed):
     want = block_softmax_sums_reference(scores, lo, hi, b)
     assert got.shape == want.shape == (*lead, rows, -(-width // b))
     assert torch.allclose(got, want, atol=3e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("block", [3, 8, 32])
+def test_scored_block_mass_hides_columns_that_would_overflow(block):
+    """Columns outside lo .. hi may score far above the visible ones (later keys, padding): they
+    add nothing, even in the groups of 8 that straddle a row's edges, and nothing overflows."""
+    length, r = 600, 8
+    q = torch.ones(4, r)
+    k = torch.randn(length, r, generator=torch.Generator().manual_seed(0)) * 0.1
+    k[:5] = 2e3  # scores ~1.6e4 before lo
+    k[500:] = 2e3  # and after hi
+    lo = torch.tensor([5, 7, 9, 3])
+    hi = torch.tensor([500, 499, 13, 301])
+    got = scored_block_mass(q, pack_keys(k), lo, hi, block, length)
+    scores = q @ k.T
+    want = block_softmax_sums_reference(scores, lo, hi, block)
+    assert torch.isfinite(got).all()
+    assert torch.allclose(got, want, atol=3e-6, rtol=1e-4)
+    assert torch.allclose(got.sum(-1), torch.ones(4), atol=1e-5)
 
 
 def test_scored_block_mass_without_c_is_the_product_and_a_wrong_packing_is_an_error(monkeypatch):
