@@ -17,6 +17,7 @@ from .blockstats import exact_block_mass
 from .clock import StageTimer
 from .config import TOKEN_ESTIMATORS, SketchWalkConfig
 from .methods import ScoreInputs
+from .score_basis import in_score_basis
 from .select import (
     BlockSelection,
     ForcedRule,
@@ -139,9 +140,12 @@ def transition(
     "sampled" estimator needs every sketched key (a prefill); without them (decode, queries after
     a cache) it falls back to the token-query estimate from the block sums."""
     if tokens is not None and tokens.keys is not None:
+        qs, keys = in_score_basis(
+            tokens.qs, tokens.valid, tokens.keys, tokens.key_valid, cfg.score_rank
+        )
         probs = sampled_block_mass(
-            tokens.qs, tokens.valid, tokens.pos, tokens.keys, tokens.key_valid, cfg.block_size,
-            dim, cfg.tau, pool=cfg.pool, dtype=score_dtype(cfg.score_dtype, tokens.qs.device),
+            qs, tokens.valid, tokens.pos, keys, tokens.key_valid, cfg.block_size, dim, cfg.tau,
+            pool=cfg.pool, dtype=score_dtype(cfg.score_dtype, qs.device),
         )  # fmt: skip
         return aggregate_heads(probs, cfg.per_group, cfg.pool)
     if tokens is not None and cfg.estimator in TOKEN_ESTIMATORS:
