@@ -3,7 +3,13 @@ import math
 import pytest
 import torch
 
-from sketchwalk.engine.select import BlockSelection, ForcedRule, select_blocks, selection_mask
+from sketchwalk.engine.select import (
+    BlockSelection,
+    ForcedRule,
+    best_first,
+    select_blocks,
+    selection_mask,
+)
 
 
 def run_select(
@@ -388,3 +394,19 @@ def test_decode_row_selection_with_one_density_per_group_equals_select_blocks(cu
     assert torch.equal(got.block_count, want.block_count)
     assert torch.equal(got.block_index, want.block_index)  # sorted, padded alike
     assert (got.kept, got.candidates) == (want.kept, want.candidates)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_best_first_is_the_stable_sort_prefix(seed):
+    """best_first (one topk over integer keys) against the stable descending argsort: ties,
+    signed zeros and infinities in index order, k from 0 to past the end."""
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(25):
+        n = int(torch.randint(1, 300, (1,), generator=gen))
+        value = torch.randn(2, 3, n, generator=gen)
+        pick = torch.randint(0, 8, (2, 3, n), generator=gen)
+        special = torch.tensor([float("-inf"), 0.0, -0.0, 1.5, float("inf")])
+        value = torch.where(pick < 5, special[pick.clamp(max=4)], value)
+        k = int(torch.randint(0, n + 3, (1,), generator=gen))
+        want = value.argsort(dim=-1, descending=True, stable=True)[..., : min(k, n)]
+        assert torch.equal(best_first(value, k), want)
