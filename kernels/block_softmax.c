@@ -175,7 +175,7 @@ static void row_chunk_mass8(const float* x, int64_t c0, int64_t c1, int64_t lo, 
     for (int64_t g = g0; g < g1; g += 8) {
         vec8 v = *(const vec8*)(x + g);
         if (g < ar || g + 8 > er) v = pick(lanes_in(g, ar, er), v, low);
-        mv = pick(v > mv, v, mv);
+        mv = max8(v, mv);
     }
     float mx = mv[0];
     for (int i = 1; i < 8; i++) mx = mv[i] > mx ? mv[i] : mx;
@@ -188,16 +188,18 @@ static void row_chunk_mass8(const float* x, int64_t c0, int64_t c1, int64_t lo, 
         *m = mx;
     }
     const float base = *m;
+    float* y = (float*)x; /* the row's scores become their exps, then sum per block */
+    for (int64_t g = g0; g < g1; g += 8) { /* independent exps: their latencies overlap */
+        vec8 v = *(const vec8*)(y + g) - base;
+        if (g < ar || g + 8 > er) v = pick(lanes_in(g, ar, er), v, low); /* e^-87: ~1e-38 */
+        *(vec8*)(y + g) = exp8_nonpositive(v);
+    }
     float sum = 0.0f;
-    for (int64_t j = a / b; j * b < e; j++) { /* exp and block sum in one pass */
+    for (int64_t j = a / b; j * b < e; j++) {
         const int64_t s0 = j * b - c0 > g0 ? j * b - c0 : g0;
         const int64_t s1 = (j + 1) * b - c0 < g1 ? (j + 1) * b - c0 : g1;
         vec8 acc = {0};
-        for (int64_t g = s0; g < s1; g += 8) {
-            vec8 v = *(const vec8*)(x + g) - base;
-            if (g < ar || g + 8 > er) v = pick(lanes_in(g, ar, er), v, low); /* e^-87: ~1e-38 */
-            acc += exp8_nonpositive(v);
-        }
+        for (int64_t g = s0; g < s1; g += 8) acc += *(const vec8*)(y + g);
         float part = 0.0f;
         for (int i = 0; i < 8; i++) part += acc[i];
         o[j] += part;
