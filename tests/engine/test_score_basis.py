@@ -103,3 +103,14 @@ def test_the_knob():
     assert SketchWalkConfig.from_stored({}).score_rank == 0  # runs stored before the knob
     with pytest.raises(ConfigError, match="score rank"):
         SketchWalkConfig(score_rank=-1).validate()
+
+
+def test_fewer_keys_than_coordinates():
+    """A short context: 10 keys of width 16 span 9 directions once centred, so rank 12 keeps
+    their scores exactly (a singular covariance: pseudo-inverse, nothing blows up)."""
+    q, k = _inputs(5, bsz=1, s=8, length=10)
+    qv, kv = torch.ones(1, 8, dtype=torch.bool), torch.ones(1, 10, dtype=torch.bool)
+    q12, k12 = in_score_basis(q, qv, k, kv, 12)
+    assert torch.isfinite(q12).all() and torch.isfinite(k12).all()
+    got, want = _scores(q12, k12, 2), _scores(q, k, 2)
+    assert torch.allclose(_up_to_row_constants(got), _up_to_row_constants(want), atol=2e-3)
