@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sketchwalk.kernels.token_sketch import absorb_token, absorb_token_torch
+
 from .clock import StageTimer
 from .config import TOKEN_ESTIMATORS, SketchWalkConfig
 from .methods import ScoreInputs
@@ -321,16 +323,17 @@ def decode_absorb(
         refresh_rows(st, q.shape[-1], cfg, st.a.shape[-1] - 1)
     _grow_state(st, cur + 1)
     sk = st.sketched
-    qs, ks = srht(q), srht(k_new)  # [B,H,1,r], [B,Hkv,1,r]
-    if key_valid is None:  # in place on views: `x[i] += y` would also copy the slice back
-        q_tok, k_tok = qs.select(2, 0), ks.select(2, 0)
-        sk.q_sum.select(2, cur).add_(q_tok)
-        sk.k_sum.select(2, cur).add_(k_tok)
-        sk.q_count.select(1, cur).add_(1.0)
-        sk.k_count.select(1, cur).add_(1.0)
-        if sk.k_sq is not None:
-            sk.k_sq.select(2, cur).add_(k_tok**2)
+    if key_valid is None:  # in place on views of the token's block: one C call where it can
+        views = (sk.q_sum.select(2, cur), sk.k_sum.select(2, cur))
+        views += (None if sk.k_sq is None else sk.k_sq.select(2, cur),)
+        views += (sk.q_count.select(1, cur), sk.k_count.select(1, cur))
+        q_tok, k_tok = q.select(2, 0), k_new.select(2, 0)
+        qs = absorb_token(q_tok, k_tok, srht.matrix, *views)
+        if qs is None:
+            qs = absorb_token_torch(q_tok, k_tok, srht.matrix, *views)
+        qs = qs[:, :, None]
     else:
+        qs, ks = srht(q), srht(k_new)  # [B,H,1,r], [B,Hkv,1,r]
         new_valid = key_valid[:, -1:].float()  # [B, 1]
         sk.q_sum[:, :, cur] += qs[:, :, 0] * new_valid[:, :, None]
         sk.k_sum[:, :, cur] += ks[:, :, 0] * new_valid[:, :, None]

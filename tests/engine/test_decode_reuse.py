@@ -245,7 +245,8 @@ def test_long_cache_decode_takes_the_one_gather_path_and_matches_the_reference_k
 @pytest.mark.parametrize("window", [1, 5, 32])
 def test_window_ring_and_block_estimates_equal_their_full_recomputation(window):
     """The decode state's incremental parts: the query window (a 2w ring of views) equals the
-    cat of the last w sketched queries, and the cached per-block key estimates equal a full
+    cat of the last w sketched queries (to float noise: a decode token is sketched in C where
+    it can be), and the cached per-block key estimates equal a full
     recomputation from the sums, bit for bit, across block starts, reused steps and a chunk; the
     window's kept logits equal one product against every block (float noise: other ops)."""
     from sketchwalk.engine.decode import chunk_step, key_estimates, window_logits
@@ -278,7 +279,7 @@ def test_window_ring_and_block_estimates_equal_their_full_recomputation(window):
         else:
             decode_step(st, qn, kn, lk, cfg, srht, valid, all_valid=lk % 2 == 0)
         want = torch.cat([want, srht(qn)], 2)[:, :, -window:]
-        assert torch.equal(st.window, want)
+        assert torch.allclose(st.window, want, atol=1e-6)  # C sketches sum in another order
         sk = st.sketched
         n = sk.k_sum.shape[2]
         km, keys = key_estimates(st, d, cfg, n)
