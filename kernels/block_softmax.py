@@ -68,7 +68,9 @@ def pack_keys(k: torch.Tensor, multiple: int = PANEL) -> torch.Tensor:
     `multiple` keys, itself a multiple of PANEL), the layout the C kernels read front to back."""
     length = k.shape[-2]
     n = -(-length // multiple) * (multiple // PANEL)
-    kf = torch.nn.functional.pad(k.float(), (0, 0, 0, n * PANEL - length))
+    kf = k.float()
+    if n * PANEL > length:  # a pad copies even when it adds nothing
+        kf = torch.nn.functional.pad(kf, (0, 0, 0, n * PANEL - length))
     return kf.unflatten(-2, (n, PANEL)).transpose(-1, -2).contiguous()
 
 
