@@ -442,12 +442,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Every quality target of docs/quality.md met at 20% density on the default model, at the
     # best whole-model speed measured with them: 32-token key blocks (the kernel's calls twice
     # as long as with 16), the sampled estimator in the first 70% of the layers (where block
-    # means lose the context's single tokens, a pass key among them) and block means after,
-    # no walk (it did not help on this model).
+    # means lose the context's single tokens, a pass key among them; its scores in a fitted
+    # rank-32 basis) and block means after, no walk (it did not help on this model).
     "default": {},
     # Fidelity first (the defaults until 2026-12-02): 16-token key blocks, the sampled estimator
-    # in every layer and the walk; about half of GPL-3's KL at 0.2, for ~3x the selection time
-    # and a slower kernel.
+    # in every layer, scoring in the sketch itself (no fitted basis), and the walk; about half of
+    # GPL-3's KL at 0.2, for ~3x the selection time and a slower kernel.
     "fidelity": {"block_size": 16, "estimator": "sampled", "beta": 0.25, "score_rank": 0},
     # Speed first: 64-token blocks (the CPU kernel's calls stay long) and the block-mean
     # estimator; per-group lists and one budget per layer as in the default; decode re-selects
