@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "exp.h"
+#include "tile.h"
 
 /* One row: x (already float32) visible over [lo, hi), into o[nb]; tmp holds nb * b floats. */
 static void row_block_mass(const float* x, int64_t lo, int64_t hi, int64_t b, int64_t nb,
@@ -86,39 +87,9 @@ int block_softmax_sums_bf16(const uint16_t* scores, int64_t rows, int64_t width,
  * The estimator's product q @ k^T has a shallow inner dimension (the head dim, 64 here), so
  * torch's matmul spends much of its time writing the scores (~25 MB a chunk) that the softmax
  * then reads back. Here a tile of TILE_ROWS query rows is scored against the keys into a buffer
- * that stays in cache, and each row's block mass is taken from it at once. The keys come packed
- * in panels of TILE_COLS keys, coordinate-major inside a panel (kp[p][c][j] is coordinate c of
- * key p * TILE_COLS + j), so a tile reads them front to back; the inner loop holds TILE_ROWS x
- * TILE_COLS scores in vector registers (GCC/Clang vector extensions: AVX with -march=native,
- * narrower SIMD or scalar code elsewhere), the register tile of the usual 6 x 16 float GEMM
- * micro-kernel for 16 vector registers. A tile scores the keys up to its rows' largest hi only:
- * no causal waste. */
-#define TILE_ROWS 6
-#define TILE_COLS 16
-
-/* Scores of the TILE_ROWS rows of q [TILE_ROWS, r] against the first np panels of kp [np, r,
- * TILE_COLS], into s [TILE_ROWS, np * TILE_COLS]. */
-static void score_tile(const float* q, int64_t r, const float* kp, int64_t np, float* s) {
-    const int64_t w = np * TILE_COLS;
-    for (int64_t p = 0; p < np; p++) {
-        const float* panel = kp + p * r * TILE_COLS;
-        vec8 acc[TILE_ROWS][2];
-        for (int i = 0; i < TILE_ROWS; i++) acc[i][0] = acc[i][1] = (vec8){0};
-        for (int64_t c = 0; c < r; c++) {
-            const vec8 k0 = *(const vec8*)(panel + c * TILE_COLS);
-            const vec8 k1 = *(const vec8*)(panel + c * TILE_COLS + 8);
-            for (int i = 0; i < TILE_ROWS; i++) {
-                const float qv = q[i * r + c];
-                acc[i][0] += qv * k0;
-                acc[i][1] += qv * k1;
-            }
-        }
-        for (int i = 0; i < TILE_ROWS; i++) {
-            *(vec8*)(s + i * w + p * TILE_COLS) = acc[i][0];
-            *(vec8*)(s + i * w + p * TILE_COLS + 8) = acc[i][1];
-        }
-    }
-}
+ * that stays in cache (the 6 x 16 register tile of tile.h over keys packed in panels), and each
+ * row's block mass is taken from it at once. A tile scores the keys up to its rows' largest hi
+ * only: no causal waste. */
 
 /* Row i's running softmax over the columns it sees of one key chunk c0 .. c1 - 1 (scores x,
  * x[0] being column c0): the block sums o[nb] and the total are kept relative to the running
@@ -159,10 +130,6 @@ static void row_chunk_mass(const float* x, int64_t c0, int64_t c1, int64_t lo, i
 static inline ivec8 lanes_in(int64_t g, int64_t a, int64_t e) {
     const ivec8 col = (ivec8){0, 1, 2, 3, 4, 5, 6, 7} + (int32_t)g;
     return (col >= (int32_t)a) & (col < (int32_t)e);
-}
-
-static inline vec8 pick(ivec8 mask, vec8 x, vec8 y) {
-    return (vec8)(((ivec8)x & mask) | ((ivec8)y & ~mask));
 }
 
 static void row_chunk_mass8(const float* x, int64_t c0, int64_t c1, int64_t lo, int64_t hi,
@@ -213,15 +180,15 @@ static void row_chunk_mass8(const float* x, int64_t c0, int64_t c1, int64_t lo, 
 #define CHUNK_PANELS 32
 
 /* units independent problems, each: q [rows, r] (scaled queries, contiguous), kp [np, r,
- * TILE_COLS] the keys packed as above (np * TILE_COLS >= width; keys past width are never
+ * PANEL] the keys packed as above (np * PANEL >= width; keys past width are never
  * seen), lo, hi [rows]; out [rows, ceil(width / b)] as block_softmax_sums_f32 gives for the
  * scores of q against the keys. Units follow each other in memory (q: rows * r apart, kp:
- * np * r * TILE_COLS, lo, hi: rows, out: rows * nb). Returns 0, or -1 when the scratch could not
+ * np * r * PANEL, lo, hi: rows, out: rows * nb). Returns 0, or -1 when the scratch could not
  * be allocated. */
 int scored_block_mass_f32(const float* q, const float* kp, int64_t units, int64_t rows,
                           int64_t r, int64_t np, int64_t width, const int64_t* lo,
                           const int64_t* hi, int64_t b, float* out) {
-    const int64_t nb = (width + b - 1) / b, ck = CHUNK_PANELS * TILE_COLS;
+    const int64_t nb = (width + b - 1) / b, ck = CHUNK_PANELS * PANEL;
     const int64_t ntiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
     float* s = malloc(sizeof(float) * (size_t)(TILE_ROWS * ck + ntiles * TILE_ROWS * r + 2 * rows));
     int64_t* ends = malloc(sizeof(int64_t) * (size_t)(ntiles > 0 ? ntiles : 1));
@@ -233,7 +200,7 @@ int scored_block_mass_f32(const float* q, const float* kp, int64_t units, int64_
     float* m = qpad + ntiles * TILE_ROWS * r; /* each row's running max and total */
     float* total = m + rows;
     for (int64_t u = 0; u < units; u++) {
-        const float* ku = kp + u * np * r * TILE_COLS;
+        const float* ku = kp + u * np * r * PANEL;
         const int64_t* lu = lo + u * rows;
         const int64_t* hu = hi + u * rows;
         float* ou = out + u * rows * nb;
@@ -253,11 +220,12 @@ int scored_block_mass_f32(const float* q, const float* kp, int64_t units, int64_
             for (int64_t t = 0; t < ntiles; t++) {
                 const int64_t c1 = ends[t] < c0 + ck ? ends[t] : c0 + ck;
                 if (c1 <= c0) continue;
-                const int64_t panels = (c1 - c0 + TILE_COLS - 1) / TILE_COLS;
-                score_tile(qpad + t * TILE_ROWS * r, r, ku + c0 * r, panels, s);
+                const int64_t panels = (c1 - c0 + PANEL - 1) / PANEL;
+                score_panels(qpad + t * TILE_ROWS * r, r, ku + c0 * r, panels, s,
+                             panels * PANEL);
                 for (int64_t i = t * TILE_ROWS; i < rows && i < (t + 1) * TILE_ROWS; i++)
                     (b % 8 ? row_chunk_mass : row_chunk_mass8)(
-                        s + (i - t * TILE_ROWS) * panels * TILE_COLS, c0, c1, lu[i], hu[i], b,
+                        s + (i - t * TILE_ROWS) * panels * PANEL, c0, c1, lu[i], hu[i], b,
                         m + i, total + i, ou + i * nb);
             }
         }

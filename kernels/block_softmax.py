@@ -60,7 +60,7 @@ def block_softmax_sums(
     return out
 
 
-PANEL = 16  # keys per panel of pack_keys (TILE_COLS in block_softmax.c)
+PANEL = 16  # keys per panel of pack_keys (PANEL in tile.h)
 
 
 def pack_keys(k: torch.Tensor, multiple: int = PANEL) -> torch.Tensor:

@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "vec.h"
+
 static inline float exp_nonpositive(float x) {
     if (x < -87.0f) x = -87.0f;
     const float t = x * 1.44269504088896341f;
@@ -22,21 +24,6 @@ static inline float exp_nonpositive(float x) {
     memcpy(&scale, &bits, sizeof scale);
     return x <= -87.0f ? 0.0f : p * scale;
 }
-
-/* 8 floats and 8 int32s, read and written at any float alignment (vector types may alias their
- * elements); GCC/Clang vector extensions: AVX with -march=native, narrower SIMD elsewhere. */
-typedef float vec8 __attribute__((vector_size(32), aligned(4)));
-typedef int32_t ivec8 __attribute__((vector_size(32), aligned(4)));
-
-#if defined(__AVX__)
-#include <immintrin.h>
-static inline vec8 max8(vec8 a, vec8 b) { return (vec8)_mm256_max_ps((__m256)a, (__m256)b); }
-#else
-static inline vec8 max8(vec8 a, vec8 b) {
-    const ivec8 more = a > b; /* all ones where true */
-    return (vec8)(((ivec8)a & more) | ((ivec8)b & ~more));
-}
-#endif
 
 /* exp_nonpositive on 8 lanes at once, in as few vector operations as it takes (a loop of the
  * scalar one vectorises only where the compiler sees a long loop; this one runs in a block's

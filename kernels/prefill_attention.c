@@ -28,36 +28,11 @@
 #include <string.h>
 
 #include "exp.h"
+#include "tile.h"
 
-#define TILE_ROWS 6
-#define PANEL 16
 #define CHUNK_KEYS 512
 /* below every score: the library is built with -ffinite-math-only, so no infinities */
 #define HIDDEN (-3.0e38f)
-
-/* s[i][0 .. np * 16) = q[i] . key for the TILE_ROWS rows of q [TILE_ROWS, d] and the np panels
- * at kp; s has row stride lds. */
-static void scores(const float* q, int64_t d, const float* kp, int64_t np, float* s,
-                   int64_t lds) {
-    for (int64_t p = 0; p < np; p++) {
-        const float* panel = kp + p * d * PANEL;
-        vec8 acc[TILE_ROWS][2];
-        for (int i = 0; i < TILE_ROWS; i++) acc[i][0] = acc[i][1] = (vec8){0};
-        for (int64_t c = 0; c < d; c++) {
-            const vec8 k0 = *(const vec8*)(panel + c * PANEL);
-            const vec8 k1 = *(const vec8*)(panel + c * PANEL + 8);
-            for (int i = 0; i < TILE_ROWS; i++) {
-                const float qv = q[i * d + c];
-                acc[i][0] += qv * k0;
-                acc[i][1] += qv * k1;
-            }
-        }
-        for (int i = 0; i < TILE_ROWS; i++) {
-            *(vec8*)(s + i * lds + p * PANEL) = acc[i][0];
-            *(vec8*)(s + i * lds + p * PANEL + 8) = acc[i][1];
-        }
-    }
-}
 
 /* o[i][0 .. d) += sum over n keys of p[i][j] * v[j] for TILE_ROWS rows: p has row stride ldp,
  * v's rows are vts floats apart; d a multiple of 16. */
@@ -146,7 +121,7 @@ int prefill_block_attention_f32(const float* q, int64_t qbs, int64_t qhs, int64_
                 for (int64_t ti = 0; ti < tiles; ti++) {
                     const int64_t i0 = ti * TILE_ROWS;
                     for (int64_t x = c0; x < c1; x++)
-                        scores(qs + i0 * d, d, ku + blocks[x] * b * d, b / PANEL,
+                        score_panels(qs + i0 * d, d, ku + blocks[x] * b * d, b / PANEL,
                                s + (x - c0) * b, CHUNK_KEYS);
                     for (int64_t i = 0; i < TILE_ROWS; i++) {
                         float* row = s + i * CHUNK_KEYS;

@@ -1,0 +1,40 @@
+/* The score product of the C kernels (block_softmax.c, prefill_attention.c): TILE_ROWS query rows
+ * against keys packed in panels of PANEL keys, coordinate-major inside a panel (kp[p][c][j] is
+ * coordinate c of key p * PANEL + j, kernels/block_softmax.py pack_keys), so a tile reads them
+ * front to back; the inner loop holds TILE_ROWS x PANEL scores in vector registers, the register
+ * tile of the usual 6 x 16 float GEMM micro-kernel for 16 vector registers. */
+#ifndef SKETCHWALK_TILE_H
+#define SKETCHWALK_TILE_H
+
+#include <stdint.h>
+
+#include "vec.h"
+
+#define TILE_ROWS 6
+#define PANEL 16
+
+/* s[i][0 .. np * PANEL) = q[i] . key for the TILE_ROWS rows of q [TILE_ROWS, d] and the np
+ * panels at kp; s has row stride lds. */
+static inline void score_panels(const float* q, int64_t d, const float* kp, int64_t np, float* s,
+                                int64_t lds) {
+    for (int64_t p = 0; p < np; p++) {
+        const float* panel = kp + p * d * PANEL;
+        vec8 acc[TILE_ROWS][2];
+        for (int i = 0; i < TILE_ROWS; i++) acc[i][0] = acc[i][1] = (vec8){0};
+        for (int64_t c = 0; c < d; c++) {
+            const vec8 k0 = *(const vec8*)(panel + c * PANEL);
+            const vec8 k1 = *(const vec8*)(panel + c * PANEL + 8);
+            for (int i = 0; i < TILE_ROWS; i++) {
+                const float qv = q[i * d + c];
+                acc[i][0] += qv * k0;
+                acc[i][1] += qv * k1;
+            }
+        }
+        for (int i = 0; i < TILE_ROWS; i++) {
+            *(vec8*)(s + i * lds + p * PANEL) = acc[i][0];
+            *(vec8*)(s + i * lds + p * PANEL + 8) = acc[i][1];
+        }
+    }
+}
+
+#endif
