@@ -117,15 +117,13 @@ def sketch_blocks(
     # queries: the sums are pooled then sketched (the sketch is linear) and only the scored
     # queries are sketched, not all of them (the [T x H, d] x [d, r] product was ~4 ms a layer
     # at 2k tokens); keys: every one, for the sums of their squares (not linear)
-    ks = srht(k)
-    q_sum, q_count = block_pool(q, block_size, valid)
-    k_sum, k_count = block_pool(ks, block_size, valid)
-    k_sq, _ = block_pool(ks * ks, block_size, valid)
+    ks, k_sum, k_sq = srht.pooled(k, block_size, valid)
+    q_sum, count = block_pool(q, block_size, valid)
     qt = QueryTokens.sampled(q, valid, 0, tokens, srht)
     q_sum = srht(q_sum)
     if tokens.estimator == "sampled":
         qt.keys, qt.key_valid = ks, valid
-    return SketchedBlocks(q_sum, q_count, k_sum, k_count, k_sq), qt
+    return SketchedBlocks(q_sum, count, k_sum, count.clone(), k_sq), qt  # counts grow apart
 
 
 def transition(

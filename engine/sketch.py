@@ -14,12 +14,18 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.block_softmax import block_softmax_sums, pack_keys, scored_block_mass
+from ..kernels.hadamard import srht_rows
 from ..kernels.native import library
 from ..kernels.parts import run_in_parts, workers
 
 # index_reduce_ is marked beta (a one-time UserWarning); its "amax" is what max pooling needs and
 # runs as fast as index_add_ on these shapes (scatter_reduce_ was ~20x slower)
 warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta")
+
+
+# rows [B, H, L] from which a sketch runs the fast transform in C (kernels/hadamard.py) rather than
+# the [d, r] product: the keys at 7k tokens (22k rows) 2.3 -> ~0.9 ms (its pooling included)
+_FAST_ROWS = 1024
 
 
 def fwht(x: torch.Tensor) -> torch.Tensor:
@@ -75,8 +81,33 @@ class SRHT:
         return y * self.scale
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Sketch the last dim: [..., d] -> [..., r] in fp32."""
+        """Sketch the last dim: [..., d] -> [..., r] in fp32 (many rows [B, H, L, d] through the
+        fast transform in C where it applies)."""
+        if x.dim() == 4 and x.shape[:3].numel() >= _FAST_ROWS:
+            fast = self._fast(x)
+            if fast is not None:
+                return fast[0]
         return x.float() @ self.matrix
+
+    def pooled(
+        self, x: torch.Tensor, block_size: int, valid: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The sketch of x [B, H, L, d] and, per block of block_size rows over the valid ones
+        (valid [B, L]), the sums of the sketched rows and of their squares [B, H, n, r]."""
+        fast = self._fast(x, block_size, valid)
+        if fast is not None:
+            return fast  # type: ignore[return-value]
+        xs = self(x)
+        return xs, block_pool(xs, block_size, valid)[0], block_pool(xs * xs, block_size, valid)[0]
+
+    def _fast(
+        self, x: torch.Tensor, block_size: int = 0, valid: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+        """kernels/hadamard.py srht_rows for this sketch (None where it does not apply)."""
+        m, r = self.padded_dim, self.keep.shape[0]
+        weights = None if valid is None or bool(valid.all()) else valid
+        keep = None if r == m else self.keep
+        return srht_rows(x, self.signs, keep, self.scale / math.sqrt(m), block_size, weights)
 
 
 def make_srht(dim: int, sketch_dim: int, seed: int, layer: int) -> SRHT:
@@ -181,9 +212,39 @@ def pool_into(
     """Pool the slices of src into out along dim at index, in place: summed (pool "mean"; the
     caller divides by the counts) or their running max (pool "max"; out starts at 0 for
     masses, or at -inf)."""
+    run = _run_length(index)
+    if run:  # runs of `run` slices per index, in order: a reshape, not a scatter (~2x faster)
+        full, first = index.numel() // run, int(index[0])
+        parts = [(src.narrow(dim, 0, full * run).unflatten(dim, (full, run)), first, full)]
+        if full * run < index.numel():
+            parts.append(
+                (
+                    src.narrow(dim, full * run, index.numel() - full * run).unsqueeze(dim),
+                    first + full,
+                    1,
+                )
+            )
+        for x, at, count in parts:
+            o = out.narrow(dim, at, count)
+            if pool == "max":
+                torch.maximum(o, x.amax(dim + 1), out=o)
+            else:
+                o.add_(x.sum(dim + 1))
+        return out
     if pool == "max":
         return out.index_reduce_(dim, index, src, "amax")
     return out.index_add_(dim, index, src)
+
+
+def _run_length(index: torch.Tensor) -> int:
+    """k where index [L] is index[0] + (0, .., 0, 1, .., 1, ...) in runs of k (the last may be
+    shorter), as evenly sampled queries give their rows; 0 otherwise."""
+    length = index.numel()
+    if length < 2:
+        return 0
+    k = int(torch.searchsorted(index, index[0] + 1))  # the first run's length
+    expect = index[0] + torch.arange(length, device=index.device) // max(k, 1)
+    return k if 0 < k < length and torch.equal(index, expect) else 0
 
 
 def aggregate_heads(probs: torch.Tensor, per_group: bool, pool: str = "mean") -> torch.Tensor:
@@ -447,7 +508,8 @@ def sampled_block_mass(
             scores = qg @ keys[..., : min(kend, lk)]  # [B, Hkv, G * c, kend]
             mass = block_softmax_sums(scores, start, hi, b)
         mass = mass.view(bsz, hkv, gh, e - s, nkc)
-        mass.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)  # padding queries
+        if not bool(q_valid[:, s:e].all()):
+            mass.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)  # padding queries
         pool_into(out[..., :nkc], 3, p // b - j0, mass, pool)
 
     # on CPU, one part per core (kernels/parts.py: at 7k tokens 1.6x faster than every op on
