@@ -210,12 +210,12 @@ class SketchWalkConfig:
         hi=1 << 16,
     )
     score_rank: int = knob(
-        32,
+        24,
         "the sampled estimator's scores in a prefill in this many coordinates, fitted per layer "
         "and KV head to its queries and keys (the closest rank-r approximation of their inner "
-        "products; 0 or the sketch's width: the sketched product itself): at 32 of 64 the "
-        "estimator's product costs half for the same quality (GPL-3 KL 0.032 against 0.030; a "
-        "random sketch of 32: 0.062)",
+        "products; 0 or the sketch's width: the sketched product itself): at 24 of 64 the "
+        "estimator's product costs 3/8 for about the same quality (GPL-3 KL 0.032 against "
+        "0.030; MPL-2.0 0.056 against 0.051; a random sketch of 32: 0.062)",
         label="Estimator score rank",
         lo=0,
         hi=1 << 16,
@@ -443,7 +443,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # best whole-model speed measured with them: 32-token key blocks (the kernel's calls twice
     # as long as with 16), the sampled estimator in the first 70% of the layers (where block
     # means lose the context's single tokens, a pass key among them; its scores in a fitted
-    # rank-32 basis) and block means after, no walk (it did not help on this model).
+    # rank-24 basis) and block means after, no walk (it did not help on this model).
     "default": {},
     # Fidelity first (the defaults until 2026-12-02): 16-token key blocks, the sampled estimator
     # in every layer, scoring in the sketch itself (no fitted basis), and the walk; about half of

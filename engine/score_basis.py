@@ -4,10 +4,10 @@ Why: the sampled estimator's product (a few queries per block against every sket
 of the selection's time, and it scales with the sketch's width r. A narrower *random* sketch
 loses too much (SmolLM2, GPL-3 6k tokens, density 0.2: r 64 -> 32 took KL 0.030 -> 0.062), but a
 layer's attention logits live in far fewer directions than the head dim: the best rank-32 bilinear
-form fitted to the layer's queries and keys kept KL at 0.032 (docs/quality.md). So before the
-product, queries and keys are mapped to `rank` coordinates each, such that their inner products
-are the closest rank-`rank` approximation of q . k in expected square error, up to a constant
-per query (which the softmax ignores):
+form fitted to the layer's queries and keys kept KL at 0.032, and so did rank 24 (the default;
+docs/quality.md). So before the product, queries and keys are mapped to `rank` coordinates each,
+such that their inner products are the closest rank-`rank` approximation of q . k in expected
+square error, up to a constant per query (which the softmax ignores):
 
     Sq = E[q q^T] over the scored queries, Sk = Cov(k) over the real keys (per KV head),
     V_r = the top `rank` eigenvectors of Sk^(1/2) Sq Sk^(1/2),

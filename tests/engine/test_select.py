@@ -410,3 +410,40 @@ def test_best_first_is_the_stable_sort_prefix(seed):
         k = int(torch.randint(0, n + 3, (1,), generator=gen))
         want = value.argsort(dim=-1, descending=True, stable=True)[..., : min(k, n)]
         assert torch.equal(best_first(value, k), want)
+
+
+@pytest.mark.parametrize("row_group", [1, 2])
+def test_a_padded_batch_selects_each_sequence_as_alone(row_group):
+    """Sequences of one batch with different left padding: each one's lists are those it gets
+    selected alone (the layer budget ranks only the items some sequence can buy)."""
+    n, b = 20, 8
+    start = torch.tensor([0, 44, 9])
+    kw = dict(n=n, b=b, density=0.3, sink_blocks=1, window_blocks=1, budget="layer", groups=2)
+    scores, _, mask = run_select(batch=3, start=start, row_group=row_group, **kw)
+    rule = ForcedRule(b, 0.05, 1, 0.05, 1)
+    for i in range(3):
+        alone = select_blocks(
+            scores[i : i + 1], torch.arange(n), rule, 0.3, start[i : i + 1],
+            torch.full((1,), n * b), budget="layer", row_group=row_group,
+        )  # fmt: skip
+        assert torch.equal(mask[i : i + 1], selection_mask(alone, n))
+
+
+def test_budget_masks_are_reused_only_for_the_same_arguments():
+    from sketchwalk.engine import select
+
+    rule = ForcedRule(16, 0.05, 1, 0.05, 1)
+    rows, start, end = torch.arange(10), torch.zeros(1, dtype=torch.long), torch.full((1,), 160)
+    real = torch.ones(1, 10, dtype=torch.bool)
+    first = select.budget_masks((1, 2, 10, 10), rows, rule, start, end, None, real, 2)
+    assert (
+        select.budget_masks((1, 2, 10, 10), rows, rule, start, end, None, real.clone(), 2)[0]
+        is first[0]
+    )
+    real[0, 3] = False  # another argument: computed anew, as a cold cache computes it
+    other = select.budget_masks((1, 2, 10, 10), rows, rule, start, end, None, real, 2)
+    select._MASKS.clear()
+    fresh = select.budget_masks((1, 2, 10, 10), rows, rule, start, end, None, real, 2)
+    assert not torch.equal(other[0], first[0])
+    for a, f in zip(other, fresh, strict=True):
+        assert torch.equal(a, f)
