@@ -1,0 +1,25 @@
+/* A kept-block mask as sorted index lists: the select's last step.
+ *
+ * Why: in torch the lists came from a cumulative sum, a scatter and a select over the whole
+ * [B, G, nq, nk] mask, each converting its dtype (~1-2 ms a layer at 8k tokens on 2 cores); one
+ * scan per row does it here. Reference and launcher: kernels/block_lists.py; loader:
+ * kernels/native.py.
+ *
+ * keep [rows, nk] (one byte per flag, 0 or 1) -> index [rows, kmax]: row r's kept key blocks in
+ * ascending order, then its first kept block repeated (nk - 1 for a row that keeps none);
+ * kmax must be at least every row's count. Returns 0. */
+#include <stdint.h>
+
+int block_lists_i32(const uint8_t* keep, int64_t rows, int64_t nk, int64_t kmax,
+                    int32_t* index) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t* k = keep + r * nk;
+        int32_t* out = index + r * kmax;
+        int64_t c = 0;
+        for (int64_t j = 0; j < nk && c < kmax; j++)
+            if (k[j]) out[c++] = (int32_t)j;
+        const int32_t pad = c > 0 ? out[0] : (int32_t)(nk > 0 ? nk - 1 : 0);
+        for (; c < kmax; c++) out[c] = pad;
+    }
+    return 0;
+}
