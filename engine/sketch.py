@@ -214,18 +214,12 @@ def pool_into(
     masses, or at -inf)."""
     run = _run_length(index)
     if run:  # runs of `run` slices per index, in order: a reshape, not a scatter (~2x faster)
-        full, first = index.numel() // run, int(index[0])
-        parts = [(src.narrow(dim, 0, full * run).unflatten(dim, (full, run)), first, full)]
-        if full * run < index.numel():
-            parts.append(
-                (
-                    src.narrow(dim, full * run, index.numel() - full * run).unsqueeze(dim),
-                    first + full,
-                    1,
-                )
-            )
-        for x, at, count in parts:
-            o = out.narrow(dim, at, count)
+        length, first = index.numel(), int(index[0])
+        whole = length // run * run
+        for s in range(0, length, whole):  # the whole runs, then a shorter last one if any
+            e = min(length, s + whole)
+            x = src.narrow(dim, s, e - s).unflatten(dim, (-1, min(run, e - s)))
+            o = out.narrow(dim, first + s // run, x.shape[dim])
             if pool == "max":
                 torch.maximum(o, x.amax(dim + 1), out=o)
             else:

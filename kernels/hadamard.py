@@ -13,12 +13,11 @@ from __future__ import annotations
 import torch
 
 from .native import library
-from .parts import run_native_parts, workers
+from .parts import run_in_parts, workers
 
 _MAX_WIDTH = 1024  # MAX_VECTORS * 8 in hadamard.c
-_PART_ROWS = (
-    1 << 16
-)  # rows that make a second thread worth starting (at 22k, one thread was faster)
+# rows that make a second thread worth starting: at 7k tokens (22k keys) one was faster
+_PART_ROWS = 1 << 16
 
 
 def srht_rows_reference(
@@ -52,8 +51,7 @@ def srht_rows(
     weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
     """srht_rows_reference for the sketch factor * H_m (signs * pad(x))[keep] (signs [m], keep
-    [r] int64 or None for every coordinate), in one C call per core; None where it does not
-    apply."""
+    [r] int64 or None for every coordinate), in C; None where it does not apply."""
     lib = library() if x.device.type == "cpu" else None
     m = signs.shape[0]
     if x.shape[-1] > m:
@@ -78,7 +76,7 @@ def srht_rows(
     squares = torch.zeros(bsz, h, n, r) if block_size else None
     parts = max(1, min(workers(), n, bsz * h * length // _PART_ROWS))
 
-    def run(part: int) -> None:
+    def run(part: int, _end: int) -> None:
         status = lib.srht_rows_f32(
             x.data_ptr(), bsz * h, h, length, x.stride(0), x.stride(1), x.stride(2), d, m,
             sg.data_ptr(), None if kp is None else kp.data_ptr(), r, float(factor),
@@ -89,5 +87,8 @@ def srht_rows(
         if status != 0:
             raise MemoryError("srht_rows: no memory for a row's scratch")
 
-    run_native_parts(run, parts)
+    if parts > 1:
+        run_in_parts(run, list(range(parts + 1)))
+    else:
+        run(0, 1)
     return y, sums, squares

@@ -42,19 +42,6 @@ def run_in_parts(fn: Callable[[int, int], None], bounds: list[int]) -> None:
         f.result()
 
 
-def run_native_parts(fn: Callable[[int], None], parts: int) -> None:
-    """fn(0) .. fn(parts - 1) in parallel, fn(0) on the calling thread, for parts that only call
-    C (ctypes releases the GIL): no torch thread settings change (changing them around a short
-    kernel slowed the layer's next torch ops by ~15%)."""
-    if parts < 2:
-        fn(0)
-        return
-    futures = [_pool(parts - 1).submit(fn, i) for i in range(1, parts)]
-    fn(0)
-    for f in futures:
-        f.result()
-
-
 @functools.lru_cache(maxsize=4)
 def _pool(size: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(size, thread_name_prefix="sketchwalk-part")
