@@ -60,12 +60,17 @@ def run_model_bench(
     all_logits: bool = False,
     backend: str | None = None,
     progress: Callable[[], None] | None = None,
+    token_ids: Callable[[int], torch.Tensor] | None = None,
 ) -> list[dict]:
-    """One row per prompt length: medians of dense and sparse prefill and decode, and ratios."""
+    """One row per prompt length: medians of dense and sparse prefill and decode, and ratios.
+
+    token_ids(n): the prompt of n tokens, for a model without a tokenizer (random weights:
+    benchmarks/random_model.py); default the first n tokens of text."""
     device = next(model.parameters()).device
     rows = []
     for n in lengths:
-        ids = prompt_ids(tokenizer, text, n).to(device)
+        ids = prompt_ids(tokenizer, text, n) if token_ids is None else token_ids(n)
+        ids = ids.to(device)
         dense: list[Pass] = []
         sparse: list[Pass] = []
         for rep in range(repeats):

@@ -69,10 +69,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Runs the real model on a real prompt (the first N tokens of a text file), dense and "
             "sparse interleaved in one process, and prints medians of prefill and per-token "
             "decode times with their ratios. Prefill keeps the last position's logits only, as "
-            "model.generate does (--all-logits: every position's, as `sketchwalk run` does)."
+            "model.generate does (--all-logits: every position's, as `sketchwalk run` does). "
+            "--random-weights SHAPE times a seeded random-weight model of a real model's shape "
+            "on random token ids instead (a GPU host without the weights)."
         ),
     )
     m.add_argument("--model", default=None, help="HF id or local folder (default: SmolLM2-135M)")
+    m.add_argument(
+        "--random-weights",
+        default=None,
+        metavar="SHAPE",
+        help="instead of --model: a seeded random-weight model of that shape (llama3-8b, "
+        "smollm2, tiny) on random token ids; honest for timing, meaningless for quality",
+    )
+    m.add_argument(
+        "--layers", type=int, default=None, metavar="N", help="--random-weights: decoder layers"
+    )
     m.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     m.add_argument("--device", default="cpu")
     m.add_argument("--seq-len", type=int, nargs="+", default=[2048, 4096, 7376], metavar="N")
@@ -165,8 +177,9 @@ def _announce_machine(device: str, score: str) -> dict:
     return info
 
 
-def _validate_model(args: argparse.Namespace) -> str:
-    """Checks what can be checked before loading the model; returns the prompt text."""
+def _validate_model(args: argparse.Namespace) -> str | None:
+    """Checks what can be checked before loading the model; returns the prompt text (None with
+    random weights, which read no prompt)."""
     if not (0.0 < args.density <= 1.0) or math.isnan(args.density):
         raise SketchWalkError(f"density must be in (0, 1], got {args.density}")
     if args.repeats < 1:
@@ -176,6 +189,17 @@ def _validate_model(args: argparse.Namespace) -> str:
     for n in args.seq_len:
         if n < 1:
             raise SketchWalkError(f"sequence length must be at least 1, got {n}")
+    if args.random_weights is not None:
+        from sketchwalk.benchmarks.random_model import model_shape
+
+        if args.model is not None:
+            raise SketchWalkError("give --model or --random-weights, not both")
+        model_shape(args.random_weights)  # an unknown shape is a one-line error
+        if args.layers is not None and args.layers < 1:
+            raise SketchWalkError(f"layers must be at least 1, got {args.layers}")
+        return None
+    if args.layers is not None:
+        raise SketchWalkError("--layers applies to --random-weights only")
     try:
         with open(args.prompt_file, encoding="utf-8") as f:
             text = f.read()
@@ -187,31 +211,41 @@ def _validate_model(args: argparse.Namespace) -> str:
 
 
 def run_model(args: argparse.Namespace) -> int:
+    rows = model_rows(args)
+    from sketchwalk.benchmarks.model import format_table
+
+    print(json.dumps(rows, indent=1) if args.json else format_table(rows))
+    return 0
+
+
+def model_rows(args: argparse.Namespace) -> list[dict]:
+    """The rows `bench model` prints (benchmarks/gpu_check.py calls it with the same flags: the
+    `sketchwalk` command itself needs the store's packages, which a bare GPU host lacks)."""
     text = _validate_model(args)
     from tqdm import tqdm
 
-    from sketchwalk.benchmarks.model import format_table, run_model_bench
-    from sketchwalk.engine.models import load_model
+    from sketchwalk.benchmarks.model import run_model_bench
 
     changes = {"density": args.density}
     if args.block_size is not None:
         changes["block_size"] = args.block_size
     cfg = config_from_args(args, **changes)  # ConfigError is one line
-    lm = load_model(args.model, args.dtype, args.device)
+    model, tokenizer, model_id, max_context, token_ids, extra = _bench_model(args)
     for n in args.seq_len:
-        if n + args.new_tokens > lm.max_context:
+        if n + args.new_tokens > max_context:
             raise SketchWalkError(
-                f"{n} tokens + {args.new_tokens} new exceed {lm.model_id}'s context "
-                f"of {lm.max_context} tokens"
+                f"{n} tokens + {args.new_tokens} new exceed {model_id}'s context "
+                f"of {max_context} tokens"
             )
         if n < cfg.block_size:
             raise SketchWalkError(f"{n} tokens is shorter than one block ({cfg.block_size})")
-    machine = _announce_machine(str(lm.model.device), cfg.score_dtype)  # input checked first
+    device = str(next(model.parameters()).device)
+    machine = _announce_machine(device, cfg.score_dtype)  # input checked first
     total = len(args.seq_len) * args.repeats * 2
     with tqdm(total=total, desc="bench model", unit="pass", file=sys.stderr) as bar:
         rows = run_model_bench(
-            lm.model,
-            lm.tokenizer,
+            model,
+            tokenizer,
             text,
             args.seq_len,
             cfg,
@@ -220,10 +254,40 @@ def run_model(args: argparse.Namespace) -> int:
             all_logits=args.all_logits,
             backend=args.backend,
             progress=lambda: bar.update(1),
+            token_ids=token_ids,
         )
     for r in rows:
-        r["model"] = lm.model_id
+        r["model"] = model_id
         r["dtype"] = args.dtype
+        r.update(extra)
         r["machine"] = machine
-    print(json.dumps(rows, indent=1) if args.json else format_table(rows))
-    return 0
+    return rows
+
+
+def _bench_model(args: argparse.Namespace) -> tuple:
+    """(model, tokenizer, id, max context, token_ids or None, extra row fields): the real model
+    loaded, or a random-weight one built on the device (benchmarks/random_model.py)."""
+    if args.random_weights is None:
+        from sketchwalk.engine.models import load_model
+
+        lm = load_model(args.model, args.dtype, args.device)
+        return lm.model, lm.tokenizer, lm.model_id, lm.max_context, None, {"random_weights": False}
+    import torch
+
+    from sketchwalk.benchmarks.random_model import (
+        MAX_POSITIONS,
+        build_random_model,
+        random_token_ids,
+    )
+    from sketchwalk.engine.models import DTYPES
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SketchWalkError(f"device {args.device} asked for but CUDA is not available here")
+    rm = build_random_model(args.random_weights, args.layers, DTYPES[args.dtype], args.device)
+    dev = next(rm.model.parameters()).device
+    extra = {"random_weights": True, "shape": rm.shape.name, "layers": rm.layers}
+
+    def token_ids(n: int) -> torch.Tensor:
+        return random_token_ids(rm.shape.vocab, n, dev)
+
+    return rm.model, None, rm.model_id, MAX_POSITIONS, token_ids, extra

@@ -101,3 +101,69 @@ def test_decode_is_the_mean_step_with_the_median_beside_it(monkeypatch):
     assert row["sparse_decode_median_ms"] == 4.0 and row["dense_decode_median_ms"] == 10.0
     assert row["sparse_decode_worst_ms"] == 28.0  # the slowest step after the first
     assert "1.00" in bench.format_table([row]) and "2.50" in bench.format_table([row])
+
+
+def test_random_weights_rows_say_so_and_run_the_sparse_layers(capsys):
+    argv = ["bench", "model", "--random-weights", "tiny", "--layers", "3", "--seq-len", "200"]
+    argv += ["--block-size", "16", "--new-tokens", "2", "--repeats", "1", "--json"]
+    assert main(argv) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row.keys() >= KEYS and row["seq_len"] == 200 and row["block_size"] == 16
+    assert row["random_weights"] is True and row["model"] == "random:tiny"
+    assert row["shape"] == "tiny" and row["layers"] == 3 and row["dtype"] == "float32"
+    # layers 0 and 1 are the defaults' dense layers: the third one selects
+    assert {"prefill_sketch", "prefill_attention"} <= row["sparse_stages_ms"].keys()
+    assert row["dense_prefill_ms"] > 0 and row["sparse_prefill_ms"] > 0
+
+
+def test_real_model_rows_are_not_random(tiny_model, capsys):
+    argv = ["bench", "model", "--model", tiny_model, "--seq-len", "64", "--block-size", "16"]
+    assert main([*argv, "--new-tokens", "1", "--repeats", "1", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["random_weights"] is False and "shape" not in row and "layers" not in row
+
+
+def test_random_model_is_seeded_shaped_and_leaves_the_default_dtype():
+    import torch
+
+    from sketchwalk.benchmarks.random_model import (
+        MODEL_SHAPES,
+        build_random_model,
+        random_token_ids,
+    )
+
+    a = build_random_model("tiny", 2, torch.bfloat16)
+    b = build_random_model("tiny", 2, torch.bfloat16)
+    c = build_random_model("tiny", 2, torch.bfloat16, seed=1)
+    assert torch.get_default_dtype() == torch.float32
+    pa, pb, pc = (list(m.model.parameters()) for m in (a, b, c))
+    assert all(x.dtype == torch.bfloat16 for x in pa)
+    assert all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(pa, pc, strict=True))
+    cfg, shape = a.model.config, MODEL_SHAPES["tiny"]
+    assert a.layers == cfg.num_hidden_layers == len(a.model.model.layers) == 2
+    assert (cfg.num_attention_heads, cfg.num_key_value_heads) == (shape.heads, shape.kv_heads)
+    assert cfg._attn_implementation == "sdpa"
+    assert build_random_model("tiny").layers == shape.layers
+    llama = MODEL_SHAPES["llama3-8b"]
+    assert llama.hidden // llama.heads == 128 and llama.heads // llama.kv_heads == 4
+    ids = random_token_ids(shape.vocab, 300, torch.device("cpu"))
+    assert ids.shape == (1, 300) and int(ids.min()) >= 0 and int(ids.max()) < shape.vocab
+    assert torch.equal(ids, random_token_ids(shape.vocab, 300, torch.device("cpu")))
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--random-weights", "gpt-5"], "unknown random-weights shape 'gpt-5'; choose from"),
+        (["--random-weights", "tiny", "--layers", "0"], "layers must be at least 1, got 0"),
+        (["--random-weights", "tiny", "--model", "x"], "give --model or --random-weights"),
+        (["--layers", "2"], "--layers applies to --random-weights only"),
+        (["--random-weights", "tiny", "--seq-len", "262144"], "exceed random:tiny's context"),
+        (["--random-weights", "tiny", "--seq-len", "8"], "shorter than one block"),
+    ],
+)
+def test_random_weights_bad_input_is_one_line(extra, message, capsys):
+    assert main(["bench", "model", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
