@@ -2,11 +2,12 @@
 
 One query token per sequence. A program owns every query head that shares one KV head and one index
 list (stacked as the rows of one tile, so each K/V block is read once for all of them: the arithmetic
-intensity GQA allows) and one slice of that list. Slices are cut per sequence from its own count, so
-a batch may mix long and short lists. Each slice writes a normalised partial output plus its
-log-sum-exp; a second small kernel merges the slices (the flash-decoding combine). Idea from
-Flash-Decoding (Dao et al. 2023) and flash-linear-attention's split kernels; the code is ours. The
-inner loop is kernels/triton_common.py's, shared with prefill.
+intensity GQA allows) and one slice of that list. Slices are cut per sequence from its own count, in
+whole gathered steps, so a batch may mix long and short lists. Each slice writes a normalised
+partial output plus its log-sum-exp; a second small kernel merges the slices (the flash-decoding
+combine). Idea from Flash-Decoding (Dao et al. 2023) and flash-linear-attention's split kernels; the
+code is ours. The walk is kernels/triton_common.py's attend_list, shared with prefill: the query is
+the last position, so only a partial last block and the seq_start crossing take masks.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_common import attend_listed_blocks
+from .triton_common import attend_list
 
 
 @triton.jit
@@ -57,11 +58,13 @@ def block_sparse_decode_split_kernel(
     BLOCK_D: tl.constexpr,
     HAS_SS: tl.constexpr,
     IEEE_DOT: tl.constexpr,
+    WIDE: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     split = tl.program_id(0)
     bu = tl.program_id(1)
     units = H // HEADS
-    b = bu // units
+    b = (bu // units).to(tl.int64)
     u = bu % units
     h0 = u * HEADS
     g = h0 // (H // G)
@@ -72,7 +75,7 @@ def block_sparse_decode_split_kernel(
     dmask = dims < HEAD_DIM
 
     q = tl.load(
-        Q + b * sqb + hs[:, None] * sqh + dims[None, :] * sqd,
+        Q + b * sqb + hs[:, None].to(tl.int64) * sqh + dims[None, :] * sqd,
         mask=h_ok[:, None] & dmask[None, :],
         other=0.0,
     )
@@ -80,7 +83,8 @@ def block_sparse_decode_split_kernel(
     if HAS_SS:
         start = tl.load(SS + b)
     cnt = tl.load(CNT + b * scb + g * scg)
-    per = tl.cdiv(cnt, NUM_SPLITS)
+    step = (BLOCK_N + BLOCK_SIZE - 1) // BLOCK_SIZE  # entries a gathered step
+    per = tl.cdiv(tl.cdiv(cnt, NUM_SPLITS), step) * step  # slices of whole steps
     lo = split * per
     hi = tl.minimum(lo + per, cnt)
     idx_row = IDX + b * sib + g * sig
@@ -91,9 +95,10 @@ def block_sparse_decode_split_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     # one query at LK - 1: keys in range are causal (CAUSAL off; qpos unused)
-    m_i, l_i, acc = attend_listed_blocks(
-        q, m_i, l_i, acc, idx_row, sik, lo, hi, k_base, v_base, skl, skd, svl, svd, LK, start,
-        hs, h_ok, qk_scale, dims, dmask, BLOCK_SIZE, BLOCK_N, False, IEEE_DOT,
+    m_i, l_i, acc = attend_list(
+        q, m_i, l_i, acc, idx_row, sik, lo, hi, LK // BLOCK_SIZE, k_base, v_base, skl, skd, svl,
+        svd, LK, start, hs, qk_scale, dims, HEAD_DIM, BLOCK_D, BLOCK_SIZE, BLOCK_N, False, HAS_SS,
+        IEEE_DOT, WIDE, NUM_STAGES,
     )  # fmt: skip
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     lse = tl.where(
