@@ -3,7 +3,7 @@
 # fails or times out is recorded (rc, log tail) and the next one runs. At the end every stage's
 # results are merged into one JSON ($OUT/gpu_check.json, its markdown in $OUT/gpu_table.md) and a
 # summary is printed. Stages (benchmarks/gpu_check.py), most important first, default timeouts:
-#   a env 20 s, b kernels 50 s, c selection 50 s, d attention 110 s, e model 110 s
+#   a env 25 s, b kernels 60 s, c selection 50 s, d attention 105 s, e model 100 s
 # and the whole run within --budget seconds (default 340: a stage gets what is left, if less).
 # No pip, no network: where `import sketchwalk` fails, a package of symlinks to this checkout is
 # put on PYTHONPATH. --device cpu runs the Triton kernels through the interpreter.
@@ -18,7 +18,7 @@ if [ -z "$PY" ]; then
 fi
 
 STAGES=a,b,c,d,e BUDGET= SMOKE=0 OVERRIDES= PASS=()
-declare -A LIMIT=([a]=20 [b]=50 [c]=50 [d]=110 [e]=110)
+declare -A LIMIT=([a]=25 [b]=60 [c]=50 [d]=105 [e]=100)
 die() { echo "gpu_check.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -50,7 +50,10 @@ rm -rf "$WORK" && mkdir -p "$WORK"  # a rerun's stages never read the last run's
 export PYTHONUNBUFFERED=1 TQDM_DISABLE=1  # a killed stage still has its log, without bars
 
 # The project is not installed on a lent GPU: a package of symlinks to this checkout instead.
-if ! (cd / && "$PY" -c "import importlib.util as u; u.find_spec('sketchwalk.benchmarks.gpu_check') or exit(1)") 2>/dev/null; then
+# (An installed sketchwalk that is not this checkout counts as none.)
+FIND="import importlib.util as u, os, sys; s = u.find_spec('sketchwalk.benchmarks.gpu_check')
+sys.exit(s is None or os.path.realpath(s.origin) != os.path.realpath(sys.argv[1]))"
+if ! (cd / && "$PY" -c "$FIND" "$PWD/benchmarks/gpu_check.py") 2>/dev/null; then
   SHIM=$(mktemp -d /tmp/sketchwalk-shim.XXXXXX)
   trap 'rm -rf "$SHIM"' EXIT
   mkdir "$SHIM/sketchwalk"

@@ -58,7 +58,7 @@ def stages_table(report: dict) -> list[str]:
         if s.get("status") == "timeout":
             note = f"killed at its {s.get('timeout_s')} s timeout" + (f"; {note}" if note else "")
         rows.append(
-            [f"{letter} {s.get('name')}", s.get("status", "?"), _f(s.get("seconds")),
+            [f"{letter} {s.get('name')}", s.get("status", "?"), _f(s.get("seconds"), "{}"),
              _f(s.get("timeout_s"), "{}"), note.replace("|", "/")[:120]]
         )  # fmt: skip
     return _table(["stage", "status", "seconds", "timeout s", "note"], rows)
@@ -154,7 +154,7 @@ def summary(report: dict) -> str:
         err = f"  {s['errors'][0]['error'][:100]}" if s.get("errors") else ""
         lines.append(
             f"  {letter} {s.get('name', '?'):10s} {s.get('status', '?'):8s} "
-            f"rc {_f(s.get('rc'), '{}'):>4}  {_f(s.get('seconds')):>6} s  {n:3d} items{err}"
+            f"rc {_f(s.get('rc'), '{}'):>4}  {_f(s.get('seconds'), '{}'):>4} s  {n:3d} items{err}"
         )
     return "\n".join(lines)
 
