@@ -3,10 +3,14 @@
 Prefill tiles: BLOCK_M query rows per program (at most the rows that share one list, and dividing
 them), BLOCK_N keys per inner step (several 16/32-token blocks gathered into one step, or one
 64/128-token block cut into sub-steps), warps, and software-pipeline stages. The table starts from
-the shapes Triton's fused-attention tutorial keeps on Hopper/Ampere (128x128 tiles with 8 warps
-where the tile allows; 128x64 at head dim 128 so three stages of K and V, 96 KiB, fit next to the
-query tile) and stays conservative where shared memory is small (sm86/sm89, fp32 inputs). None of
-it is measured here: SKETCHWALK_TRITON_AUTOTUNE=1 times `prefill_candidates` on the GPU instead.
+the shapes Triton's fused-attention tutorial keeps on Hopper (128x128 tiles with 8 warps where the
+tile allows) and was checked by compiling every fitted entry offline for sm90/sm80/sm89 with
+padding on (the widest variant): no register spills, shared memory within the SM's. The key loads
+hang off an index load, so Triton's pipeliner splits the stages between the two: 3 stages = two
+K/V buffers in flight on sm90 (64x64 tiles at head dim 128: ~82 KiB, two CTAs per SM), 5 = three
+(~115 KiB, one CTA). 64x128 tiles with 4 warps spill at head dim 128, so head dim 128 steps 64 keys.
+fp32 (exact dots, tests only) runs small tiles: its FMA dots spill at 64x64.
+None of it is timed here: SKETCHWALK_TRITON_AUTOTUNE=1 times `prefill_candidates` on the GPU.
 The interpreter (capability None) gets Hopper's tiles, so CPU tests run the shapes the GPU runs.
 """
 
@@ -44,9 +48,9 @@ _TABLE: dict[str, list[tuple[int, PrefillConfig]]] = {
         (128, PrefillConfig(128, 64, 8, 3)),
         (256, PrefillConfig(64, 32, 4, 2)),
     ],
-    "ampere": [  # sm80: ~163 KiB
-        (64, PrefillConfig(128, 64, 4, 3)),
-        (128, PrefillConfig(128, 64, 8, 2)),
+    "ampere": [  # sm80: ~163 KiB; 128x64 at head dim 128 spills there
+        (64, PrefillConfig(128, 64, 8, 3)),
+        (128, PrefillConfig(128, 32, 8, 2)),
         (256, PrefillConfig(64, 32, 4, 2)),
     ],
     "small": [  # sm75, sm86, sm89, sm120: ~100 KiB
@@ -78,7 +82,7 @@ def _fit(cfg: PrefillConfig, tile: int, dtype: torch.dtype) -> PrefillConfig:
     bm = min(cfg.block_m, tile & -tile)  # largest power of two dividing the tile
     bn, warps, stages = cfg.block_n, cfg.num_warps, cfg.num_stages
     if dtype == torch.float32:  # twice the bytes per tile, exact (not tf32) dots
-        bm, bn, stages = min(bm, 64), min(bn, 64), min(stages, 2)
+        bm, bn, stages = min(bm, 64), min(bn, 32), min(stages, 2)
     if bm < 128:
         warps = min(warps, 4)
     return PrefillConfig(bm, bn, warps, stages)
@@ -115,7 +119,7 @@ def prefill_candidates(tile: int, head_dim: int, dtype: torch.dtype) -> list[Pre
     out = []
     for bm in (64, 128):
         for bn in (32, 64, 128):
-            for warps, stages in ((4, 2), (4, 3), (8, 2), (8, 3), (8, 4)):
+            for warps, stages in ((4, 2), (4, 3), (4, 5), (8, 2), (8, 3), (8, 5)):
                 if head_dim > 128 and bn > 64:
                     continue
                 cfg = _fit(PrefillConfig(bm, bn, warps, stages), tile, dtype)
