@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from sketchwalk.kernels.reference import block_sparse_attention_reference, dense_block_index
-from sketchwalk.kernels.testing import poisoned, random_block_index, random_qkv, rel_err
+from sketchwalk.kernels.testing import poisoned, random_block_index, random_qkv, rel_err, with_room
 from sketchwalk.kernels.triton_dispatch import block_sparse_attention_triton, block_sparse_decode
 
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3}
@@ -62,3 +62,23 @@ def test_dispatch_uses_decode_for_one_query_and_matches_sdpa():
     out = block_sparse_attention_triton(q, k, v, idx, cnt, 16, out=poisoned(q))
     dense = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     assert rel_err(out, dense) < 1e-5
+
+
+@pytest.mark.parametrize("b", [16, 32], ids=["b16", "b32"])
+def test_decode_gathers_small_blocks_and_never_reads_padding(b):
+    """Blocks of 16/32 tokens gathered into 64-key steps, slices cut in whole steps (splits that
+    do not divide the list), a partial last block, and padding that crosses a block: the keys
+    before seq_start and the cache's room past Lk are NaN, so reading one shows."""
+    gen = torch.Generator().manual_seed(b)
+    lk = 7 * b + 5
+    q, k, v = random_qkv(2, 8, 2, 1, lk, 32, torch.float32, gen)
+    idx, cnt = random_block_index(2, 2, 1, lk, b, 0.7, gen)
+    starts = torch.tensor([b + 3, 0])
+    ref = block_sparse_attention_reference(q, k, v, idx, cnt, b, True, None, starts)
+    k, v = with_room(k, 9), with_room(v, 9)
+    k[0, :, : b + 3] = float("nan")
+    v[0, :, : b + 3] = float("nan")
+    for splits in (1, 2, 5):
+        out = poisoned(q)
+        block_sparse_decode(q, k, v, idx, cnt, b, None, starts, out=out, num_splits=splits)
+        assert rel_err(out, ref) < 1e-5
