@@ -95,7 +95,8 @@ def prefill_config(
     block_size: int,
     query_block: int | None = None,
 ) -> PrefillConfig:
-    """The table's tiles for this launch (block_size only bounds nothing: any BLOCK_N works)."""
+    """The table's tiles for this launch, fitted to its query tile and dtype. Any BLOCK_N suits any
+    block size: smaller blocks are gathered into a step, larger ones cut into sub-steps."""
     tile = query_tile(block_size, query_block)
     rows = _TABLE[generation(capability)]
     cfg = next((c for d, c in rows if head_dim <= d), rows[-1][1])
