@@ -55,9 +55,7 @@ def list_runs(
 @triton.jit
 def _dot(a, b, IEEE_DOT: tl.constexpr):
     """fp32 inputs: exact fp32 products (the tests' tolerance), not tf32."""
-    if IEEE_DOT:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
+    return tl.dot(a, b, input_precision="ieee") if IEEE_DOT else tl.dot(a, b)
 
 
 @triton.jit
