@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sketchwalk.kernels import block_sparse_attention, tiles_of_rows
+from sketchwalk.kernels import block_sparse_attention, choose_backend, tiles_of_rows
 
 from .blockstats import exact_block_mass
 from .clock import StageTimer
@@ -141,9 +141,18 @@ def transition(
         qs, keys = in_score_basis(
             tokens.qs, tokens.valid, tokens.keys, tokens.key_valid, cfg.score_rank
         )
+        dtype = score_dtype(cfg.score_dtype, qs.device)
+        if choose_backend(qs.device) == "triton":  # a GPU (or its interpreter): one launch
+            from sketchwalk.kernels.triton_block_mass import pooled_block_mass_triton
+
+            pooled = pooled_block_mass_triton(
+                qs, tokens.valid, tokens.pos, keys, tokens.key_valid, cfg.block_size, dim,
+                cfg.tau, cfg.pool, dtype,
+            )  # fmt: skip
+            return aggregate_heads(pooled[:, :, None], cfg.per_group, cfg.pool)
         probs = sampled_block_mass(
             qs, tokens.valid, tokens.pos, keys, tokens.key_valid, cfg.block_size, dim, cfg.tau,
-            pool=cfg.pool, dtype=score_dtype(cfg.score_dtype, qs.device),
+            pool=cfg.pool, dtype=dtype,
         )  # fmt: skip
         return aggregate_heads(probs, cfg.per_group, cfg.pool)
     if tokens is not None and cfg.estimator in TOKEN_ESTIMATORS:

@@ -123,8 +123,16 @@ def budget_masks(
     """(candidates, forced, tile of each row or None, real rows) of a layer's selection over
     scores of `shape` [B, G, nq, nk]; arguments as select_blocks. Candidates are real rows'
     causal blocks; forced blocks are candidates, spread over a tile's rows."""
-    key = _masks_key(shape, q_blocks, rule, seq_start, seq_end, dense_rows, real_rows, row_group)
-    hit = _MASKS.get(key)  # every layer of a prefill asks for the same masks
+    # every layer of a prefill asks for the same masks; the key holds the tensors' contents, a
+    # host copy per layer, so only CPU tensors are cached (on a GPU the masks are a few
+    # launches, the copy a device sync)
+    cached = q_blocks.device.type == "cpu"
+    key = (
+        _masks_key(shape, q_blocks, rule, seq_start, seq_end, dense_rows, real_rows, row_group)
+        if cached
+        else None
+    )
+    hit = _MASKS.get(key) if cached else None
     if hit is not None:
         return hit
     bsz, _, nq, nk = shape
@@ -143,6 +151,8 @@ def budget_masks(
         rows = real_rows
     cand = cand & rows[:, :, None]  # rows without real queries keep only what is forced
     masks = cand, forced, gid, rows
+    if not cached:
+        return masks
     with _MASKS_LOCK:  # the app selects for several sessions on threads
         while len(_MASKS) >= 4:
             _MASKS.pop(next(iter(_MASKS)))
@@ -230,9 +240,13 @@ def selection_from_mask(
     return BlockSelection(index, count, kept, total)
 
 
-def group_rates(density: float | Sequence[float], groups: int) -> torch.Tensor:
-    """[G] float64 densities: one for every group, or one per group (a layer profile's)."""
-    d = torch.as_tensor(density, dtype=torch.float64).reshape(-1)
+def group_rates(
+    density: float | Sequence[float], groups: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """[G] float64 densities on `device`: one for every group, or one per group (a layer
+    profile's). The budgets multiply them with the scores' counts, so they must share a device
+    (on a GPU a CPU tensor here crashed the first sparse layer)."""
+    d = torch.as_tensor(density, dtype=torch.float64, device=device).reshape(-1)
     if d.numel() not in (1, groups):
         raise ValueError(f"{d.numel()} group densities for {groups} selection groups")
     return d.expand(groups)
@@ -249,7 +263,7 @@ def layer_budget_keep(
     or one per group). Where forced blocks alone exceed the target, only they are kept."""
     bsz, groups, nq, nk = scores.shape
     free = cand & ~forced  # [B, nq, nk]
-    dens = group_rates(density, groups)
+    dens = group_rates(density, groups, scores.device)
     target = torch.floor(dens * cand.sum((1, 2)).double()[:, None] + 1e-9).long()  # never over
     room = (target - forced.sum((1, 2))[:, None]).clamp(min=0)  # [B, G]
     room = torch.minimum(room, free.sum((1, 2))[:, None])
@@ -307,7 +321,7 @@ def group_budget_keep(
     ng = int(gid[-1]) + 1
     free = cand & ~forced  # [B, nq, nk]
     o = tile_offers(scores, cand, forced, gid, pool)
-    dens = group_rates(density, groups)
+    dens = group_rates(density, groups, scores.device)
     target = torch.floor(dens * o.candidates.double()[:, None] + 1e-9).long()  # [B, G]
     room = (target - o.forced[:, None]).clamp(min=0)
     order = best_first(o.value, int(room.max()) if room.numel() else 0)  # live items cost >= 1
