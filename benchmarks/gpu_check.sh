@@ -53,7 +53,8 @@ export PYTHONUNBUFFERED=1 TQDM_DISABLE=1  # a killed stage still has its log, wi
 # (An installed sketchwalk that is not this checkout counts as none.)
 FIND="import importlib.util as u, os, sys; s = u.find_spec('sketchwalk.benchmarks.gpu_check')
 sys.exit(s is None or os.path.realpath(s.origin) != os.path.realpath(sys.argv[1]))"
-if ! (cd / && "$PY" -c "$FIND" "$PWD/benchmarks/gpu_check.py") 2>/dev/null; then
+HERE=$PWD
+if ! (cd / && "$PY" -c "$FIND" "$HERE/benchmarks/gpu_check.py") 2>/dev/null; then
   SHIM=$(mktemp -d /tmp/sketchwalk-shim.XXXXXX)
   trap 'rm -rf "$SHIM"' EXIT
   mkdir "$SHIM/sketchwalk"
