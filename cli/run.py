@@ -91,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         clean_timing=False if args.no_clean_timing else None,
         exact_max_tokens=args.exact_max_tokens,
     )
-    device = check_device(args.device)
+    device = check_device(args.device, request)  # and its kernels' block size and dtype limits
     settings = load_settings()
     store = None
     if not args.no_store:
