@@ -154,11 +154,21 @@ class RunRequest:
             max_prompt_tokens=self.limits.max_prompt_tokens,
         )
 
+    def check_kernels(self, device: object) -> None:
+        """The block size and dtype against the limits of the kernels `device` runs (kernels/
+        LIMITS): on CUDA the Triton kernels need power-of-two blocks >= 16."""
+        from sketchwalk.kernels import limits_error
+
+        why = limits_error(str(device), self.config.block_size, self.dtype)
+        if why is not None:
+            raise RequestError(why)
+
     def check_model(self, lm: LoadedModel) -> int:
-        """Checks that need the model: prompt length in tokens, context, layer indices.
-        Returns the prompt's token count."""
+        """Checks that need the model: kernel limits on its device, prompt length in tokens,
+        context, layer indices. Returns the prompt's token count."""
         from sketchwalk.engine.runner import tokenize, validate_prompt
 
+        self.check_kernels(lm.device)
         layers = int(getattr(lm.model.config, "num_hidden_layers", 0) or 0)
         beyond = [x for x in self.config.dense_layers if layers and x >= layers]
         if beyond:
@@ -192,8 +202,9 @@ def check_prompt(prompt: Any, max_chars: int | None = None) -> str:
     return prompt
 
 
-def check_device(device: str) -> str:
-    """`cpu`, `cuda`, `cuda:N`, `mps`...: refuse a name torch does not know, in one line."""
+def check_device(device: str, request: RunRequest | None = None) -> str:
+    """`cpu`, `cuda`, `cuda:N`, `mps`...: refuse a name torch does not know, and (with the
+    request) knobs the device's kernels cannot run, in one line, before any model loads."""
     import torch
 
     try:
@@ -202,6 +213,8 @@ def check_device(device: str) -> str:
         raise RequestError(
             f"unknown device {device!r}; use cpu, cuda or cuda:N (cuda needs a GPU)"
         ) from None
+    if request is not None:
+        request.check_kernels(device)
     return device
 
 

@@ -8,6 +8,7 @@ when TRITON_INTERPRET=1), the fast torch path on CPU, the reference when asked
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -69,6 +70,42 @@ def choose_backend(device: torch.device, backend: str | None = None) -> str:
     return "cpu"
 
 
+@dataclass(frozen=True)
+class BackendLimits:
+    """What a backend's kernels take, declared once and checked when a run is asked for (not
+    late, inside a kernel, after the model loaded). min_block/power_of_two: key block sizes;
+    dtypes: model dtypes by name."""
+
+    min_block: int = 1
+    power_of_two: bool = False
+    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+    def why_not(self, block_size: int, dtype: str) -> str | None:
+        pow2 = block_size > 0 and not block_size & (block_size - 1)
+        if block_size < self.min_block or (self.power_of_two and not pow2):
+            return f"a power-of-two block size >= {self.min_block}, got {block_size}"
+        if dtype not in self.dtypes:
+            return f"a dtype among {', '.join(self.dtypes)}, got {dtype}"
+        return None
+
+
+# the Triton kernels (attention and the sampled estimator) tile key blocks in powers of two >= 16
+LIMITS = {
+    "reference": BackendLimits(),
+    "cpu": BackendLimits(),
+    "triton": BackendLimits(min_block=16, power_of_two=True),
+}
+
+
+def limits_error(
+    device: torch.device | str, block_size: int, dtype: str, backend: str | None = None
+) -> str | None:
+    """Why the kernels a run on `device` takes cannot run these knobs (one line), or None."""
+    name = choose_backend(torch.device(device), backend)
+    why = LIMITS[name].why_not(block_size, dtype)
+    return None if why is None else f"the {name} kernels on {device} need {why}"
+
+
 def block_sparse_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -91,12 +128,15 @@ def block_sparse_attention(
 
 __all__ = [
     "BACKENDS",
+    "LIMITS",
+    "BackendLimits",
     "BlockSparseAttention",
     "backend_fn",
     "block_sparse_attention",
     "block_sparse_attention_reference",
     "choose_backend",
     "dense_block_index",
+    "limits_error",
     "rows_of_tiles",
     "selected_block_mask",
     "tiles_of_rows",

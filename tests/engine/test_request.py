@@ -59,3 +59,35 @@ def test_requests_from_before_time_only_read_the_same():
     assert RunRequest.from_dict({"prompt": TEXT, "config": {}}).clean_timing is True
     with pytest.raises(RequestError, match="time only must be true or false"):
         RunRequest.from_dict({"prompt": TEXT, "config": {}, "time_only": "no"})
+
+
+@pytest.mark.parametrize("block", [1, 4, 8])
+def test_blocks_the_triton_kernels_cannot_take_are_refused_for_cuda_in_one_line(block, monkeypatch):
+    """On CUDA the Triton kernels need power-of-two blocks >= 16: said when the run is asked for
+    (no GPU needed to say so), while the CPU kernels take the same request."""
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.request import check_device
+
+    monkeypatch.delenv("SKETCHWALK_KERNEL", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    req = RunRequest(prompt=TEXT, config=SketchWalkConfig(block_size=block), dtype="bfloat16")
+    assert check_device("cpu", req) == "cpu"
+    for device in ("cuda", "cuda:1"):
+        with pytest.raises(RequestError) as err:
+            check_device(device, req)
+        msg = str(err.value)
+        assert "\n" not in msg and "triton" in msg and ">= 16" in msg and str(block) in msg
+    ok = RunRequest(prompt=TEXT, config=SketchWalkConfig(block_size=16), dtype="bfloat16")
+    assert check_device("cuda", ok) == "cuda"
+
+
+def test_backend_limits_cover_every_backend_and_dtype():
+    from sketchwalk.engine.request import DTYPE_NAMES
+    from sketchwalk.kernels import BACKENDS, LIMITS, BackendLimits
+
+    assert set(LIMITS) == set(BACKENDS) - {"auto"}
+    for limits in LIMITS.values():
+        assert all(limits.why_not(64, d) is None for d in DTYPE_NAMES)
+    strict = BackendLimits(min_block=16, power_of_two=True, dtypes=("float16",))
+    assert strict.why_not(48, "float16") and strict.why_not(16, "float32")
+    assert strict.why_not(16, "float16") is None
