@@ -62,7 +62,7 @@ def exact_block_mass(
         mass = mass.amax(2) if pool == "max" else mass.mean(2)  # [B,G,c,nkc]
         if padded:
             mass = mass * qv[:, None, s:e, None]
-        pool_into(out[..., :nkc], 2, torch.arange(s, e, device=q.device) // b, mass, pool)
+        pool_into(out[..., :nkc], 2, torch.arange(s, e) // b, mass, pool)
     if pool == "max":  # rows scaled to sum to 1, as the estimates are (sketch.aggregate_heads)
         return out / out.sum(-1, keepdim=True).clamp(min=1e-30)
     counts = torch.nn.functional.pad(qv, (0, nq * b - lq)).view(bsz, nq, b).sum(-1)

@@ -42,6 +42,7 @@ from .sketch import (
     token_keys,
     token_logits,
 )
+from .step import StepMeta
 from .walk import walk_row, walk_rows
 
 
@@ -240,6 +241,7 @@ def chunk_step(
     key_valid: torch.Tensor,
     prev_walk: torch.Tensor | None,
     select: bool = True,
+    step: StepMeta | None = None,
 ) -> Plan:
     """Queries after a cache (a chunked prefill, a later turn) for one layer.
 
@@ -248,7 +250,8 @@ def chunk_step(
     the block of the chunk's first token on are recomputed; the walk runs on those rows only
     (prev_walk: the same rows of the previous layer), exactly the rows a full prefill would get.
     Rows, selection and the returned plan are in whole blocks from block (lk - Lq) // b: the
-    caller aligns the queries to that block (see Session._chunk).
+    caller aligns the queries to that block (see Session._chunk). step: what the forward step's
+    layers share (engine/step.py).
     """
     bsz, h, lq, d = q.shape
     b = cfg.block_size
@@ -296,7 +299,8 @@ def chunk_step(
 
     def choose() -> BlockSelection:
         x = ScoreInputs(a_rows.shape, q.device, rows, b, a_rows, w_rows)
-        return choose_blocks(cfg, method_scores(cfg, x), rows, start, end, n, real_rows)
+        scores = method_scores(cfg, x)
+        return choose_blocks(cfg, scores, rows, start, end, n, real_rows, step=step)
 
     sel = timer.run("select", choose)
     return Plan(a_rows, w_rows, sel, None, timer.ms)
@@ -382,6 +386,7 @@ def decode_step(
     keys: torch.Tensor | None = None,
     scale: float | None = None,
     all_valid: bool = False,
+    step: StepMeta | None = None,
 ) -> Plan:
     """One decode token for one layer: update A_l's current row, estimate, walk, select.
 
@@ -431,7 +436,7 @@ def decode_step(
             if sel is not None:
                 return sel
         start, end = key_span(key_valid)
-        return choose_blocks(cfg, scores, rows, start, end, n, tail=False)
+        return choose_blocks(cfg, scores, rows, start, end, n, tail=False, step=step)
 
     sel = timer.run("select", choose)
     st.selection, st.selected_block, st.steps_since = sel, cur, 0

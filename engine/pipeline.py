@@ -21,6 +21,7 @@ from .score_basis import in_score_basis
 from .select import (
     BlockSelection,
     ForcedRule,
+    budget_masks,
     select_blocks,
 )
 from .sketch import (
@@ -36,6 +37,7 @@ from .sketch import (
     score_dtype,
     token_block_mass,
 )
+from .step import StepMeta
 from .walk import walk
 
 
@@ -106,19 +108,22 @@ def sketch_blocks(
     block_size: int,
     valid: torch.Tensor,
     tokens: SketchWalkConfig | None = None,
+    padded: bool = True,
 ) -> tuple[SketchedBlocks, QueryTokens | None]:
     """Pool q, k [B, H(kv), T, d] per block over real tokens, then sketch the sums (the sketch is
     linear). tokens: for the token-query estimator, also keep the config's sampled sketched
-    queries and the sums of squared sketched keys."""
+    queries and the sums of squared sketched keys. padded False: every token is real (the
+    pooling then skips its validity checks, each a device read)."""
+    pool_valid = valid if padded else None
     if tokens is None:
-        q_sum, q_count = block_pool(q, block_size, valid)
-        k_sum, k_count = block_pool(k, block_size, valid)
+        q_sum, q_count = block_pool(q, block_size, pool_valid)
+        k_sum, k_count = block_pool(k, block_size, pool_valid)
         return SketchedBlocks(srht(q_sum), q_count, srht(k_sum), k_count), None
     # queries: the sums are pooled then sketched (the sketch is linear) and only the scored
     # queries are sketched, not all of them (the [T x H, d] x [d, r] product was ~4 ms a layer
     # at 2k tokens); keys: every one, for the sums of their squares (not linear)
-    ks, k_sum, k_sq = srht.pooled(k, block_size, valid)
-    q_sum, count = block_pool(q, block_size, valid)
+    ks, k_sum, k_sq = srht.pooled(k, block_size, pool_valid)
+    q_sum, count = block_pool(q, block_size, pool_valid)
     qt = QueryTokens.sampled(q, valid, 0, tokens, srht)
     q_sum = srht(q_sum)
     if tokens.estimator == "sampled":
@@ -186,13 +191,25 @@ def choose_blocks(
     n_blocks: int,
     real_rows: torch.Tensor | None = None,
     tail: bool = True,
+    step: StepMeta | None = None,
 ) -> BlockSelection:
-    """The config's selection rule over scores [B, G, R, n] for query-block rows `rows`."""
+    """The config's selection rule over scores [B, G, R, n] for query-block rows `rows`. step:
+    the forward step's shared values, where the budget masks are built once for all its layers
+    (rows, start, end and real_rows are the same at every layer of a step)."""
+    rule = ForcedRule.of(cfg)
     dense_rows = rows >= n_blocks - cfg.dense_tail_blocks if tail else None
+
+    def masks() -> tuple:
+        return budget_masks(
+            scores.shape, rows, rule, start, end, dense_rows, real_rows, cfg.rows_per_list
+        )
+
+    tail_rows = cfg.dense_tail_blocks if tail else None
+    key = ("masks", tuple(scores.shape), rule, cfg.rows_per_list, tail_rows, real_rows is None)
     return select_blocks(
         scores,
         rows,
-        ForcedRule.of(cfg),
+        rule,
         cfg.rates,
         start,
         end,
@@ -201,6 +218,7 @@ def choose_blocks(
         cfg.budget,
         cfg.rows_per_list,
         cfg.pool,
+        masks() if step is None else step.once(key, masks),
     )
 
 
@@ -220,7 +238,9 @@ def sparse_attention(
     b, tile = cfg.block_size, cfg.rows_per_list
     index, count, query_block = sel.block_index, sel.block_count, None
     if tile > 1 and q.shape[2] == k.shape[2]:
-        index, count = tiles_of_rows(index, count, tile, -(-k.shape[2] // b))
+        nk = -(-k.shape[2] // b)
+        # a tile's union holds at most tile x the longest row list: a width known on the host
+        index, count = tiles_of_rows(index, count, tile, nk, width=tile * index.shape[-1])
         query_block = tile * b
     return block_sparse_attention(
         q, k, v, index, count, b, True, scale, seq_start, backend=backend, query_block=query_block
@@ -237,21 +257,28 @@ def prefill_plan(
     scale: float | None = None,
     select: bool = True,
     exact: torch.Tensor | None = None,
+    step: StepMeta | None = None,
 ) -> Plan:
     """Sketch, walk and select for a prefill layer (queries == keys positions).
 
     select=False only estimates (dense layers that still feed decode or the recorder). exact:
-    the layer's exact block mass (layer_exact), for methods that select on it.
+    the layer's exact block mass (layer_exact), for methods that select on it. step: what the
+    forward step's layers share (engine/step.py); None builds it here (no padding unless valid
+    says so).
     """
     bsz, h, t, d = q.shape
     b = cfg.block_size
     n = -(-t // b)
+    if step is None:
+        step = StepMeta(padded=valid is not None and not bool(valid.all()))
     valid = torch.ones(bsz, t, dtype=torch.bool, device=q.device) if valid is None else valid
     scale = d**-0.5 if scale is None else scale
     timer = StageTimer(q.device)
     rows = torch.arange(n, device=q.device)
     tokens = cfg if cfg.estimator in TOKEN_ESTIMATORS else None
-    sk, qt = timer.run("sketch", lambda: sketch_blocks(q, k, srht, b, valid, tokens))
+    sk, qt = timer.run(
+        "sketch", lambda: sketch_blocks(q, k, srht, b, valid, tokens, padded=step.padded)
+    )
     a = timer.run("sketch", lambda: transition(sk, rows, d, cfg, qt))
     if not select:
         return Plan(a, None, None, sk, timer.ms)
@@ -261,7 +288,8 @@ def prefill_plan(
 
     def choose() -> BlockSelection:
         x = ScoreInputs(a.shape, q.device, rows, b, a, w, exact, q, k, valid, scale)
-        return choose_blocks(cfg, method_scores(cfg, x), rows, start, end, n, real_rows)
+        scores = method_scores(cfg, x)
+        return choose_blocks(cfg, scores, rows, start, end, n, real_rows, step=step)
 
     sel = timer.run("select", choose)
     return Plan(a, w, sel, sk, timer.ms)

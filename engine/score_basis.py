@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from .sketch import all_on_host
+
 EPS = 1e-7  # eigenvalues below EPS x the largest count as 0 (pseudo-inverse square roots)
 # The keys' covariance from every step-th key, at most about this many: an r x r covariance
 # needs a few thousand samples, and all 7376 keys' product was a quarter of the fit's time.
@@ -56,9 +58,9 @@ def fit_score_basis(
     k = ks[:, :, ::step].float()
     wq = q_valid.float().repeat(1, qs.shape[1] // hkv)[:, None, :, None]  # [B, 1, G S, 1]
     wk = k_valid[:, ::step].float()[:, None, :, None]  # [B, 1, L / step, 1]
-    if not bool(q_valid.all()):
+    if not all_on_host(q_valid):
         q = q * wq
-    if not bool(k_valid[:, ::step].all()):
+    if not all_on_host(k_valid[:, ::step]):
         k = k * wk
     nq = wq.sum(2, keepdim=True).clamp(min=1.0).double()
     nk = wk.sum(2, keepdim=True).clamp(min=1.0).double()

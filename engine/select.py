@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import struct
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,19 +25,53 @@ import torch
 from sketchwalk.kernels import selected_block_mask
 from sketchwalk.kernels.block_lists import block_lists
 
-from .sketch import pool_into
-
 
 @dataclass
 class BlockSelection:
+    """kept/candidates are 0-dim tensors on the scores' device where the selection counted them
+    there (read as numbers only when a density is asked for: no host round trip per layer), or
+    ints where they are known on the host (decode's one-row rule)."""
+
     block_index: torch.Tensor  # [B, G, nq, K] int32, sorted ascending, padded past block_count
     block_count: torch.Tensor  # [B, G, nq] int32
-    kept: int  # kept (row, block) pairs over real rows, all groups
-    candidates: int  # causal (row, block) pairs over real rows, all groups
+    kept: int | torch.Tensor  # kept (row, block) pairs over real rows, all groups
+    candidates: int | torch.Tensor  # causal (row, block) pairs over real rows, all groups
 
     @property
     def density(self) -> float:
-        return self.kept / max(self.candidates, 1)
+        return float(self.kept) / max(float(self.candidates), 1.0)
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Query rows in tiles of consecutive blocks that share one list (config query_block): each
+    row's tile `gid` [nq] on the rows' device, and the layout as host integers, read once per
+    forward step (budget_masks) so a layer's selection never asks the device for a shape.
+    regular: only the first and last tiles may be partial (consecutive rows), so sums over a
+    tile's rows are a padded view; otherwise a one-hot product."""
+
+    gid: torch.Tensor
+    count: int  # tiles
+    size: int  # rows of a whole tile
+    front: int  # rows the first tile lacks
+    regular: bool
+
+    @classmethod
+    def of(cls, q_blocks: torch.Tensor, row_group: int) -> Tiles:
+        host = q_blocks.cpu()  # one host read: the rows' layout, not data
+        gid = host // row_group
+        gid = gid - gid[0]
+        count, nq = int(gid[-1]) + 1, gid.numel()
+        sizes = torch.bincount(gid, minlength=count)
+        size = int(sizes.max())
+        front = size - int(sizes[0])
+        regular = bool((sizes[1:-1] == size).all()) and front + nq <= count * size
+        return cls(gid.to(q_blocks.device), count, size, front, regular)
+
+    @classmethod
+    def rows(cls, nq: int, device: torch.device | str) -> Tiles:
+        """One tile per row."""
+        return cls(torch.arange(nq, device=device), nq, 1, 0, True)
 
 
 @dataclass(frozen=True)
@@ -120,61 +153,25 @@ def budget_masks(
     real_rows: torch.Tensor | None = None,
     row_group: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """(candidates, forced, tile of each row or None, real rows) of a layer's selection over
-    scores of `shape` [B, G, nq, nk]; arguments as select_blocks. Candidates are real rows'
-    causal blocks; forced blocks are candidates, spread over a tile's rows."""
-    # every layer of a prefill asks for the same masks; the key holds the tensors' contents, a
-    # host copy per layer, so only CPU tensors are cached (on a GPU the masks are a few
-    # launches, the copy a device sync)
-    cached = q_blocks.device.type == "cpu"
-    key = (
-        _masks_key(shape, q_blocks, rule, seq_start, seq_end, dense_rows, real_rows, row_group)
-        if cached
-        else None
-    )
-    hit = _MASKS.get(key) if cached else None
-    if hit is not None:
-        return hit
+    """(candidates, forced, tiles or None, real rows) of a layer's selection over scores of
+    `shape` [B, G, nq, nk]; arguments as select_blocks. Candidates are real rows' causal blocks;
+    forced blocks are candidates, spread over a tile's rows. Every layer of a forward step asks
+    for the same masks: the session builds them once per step (engine/step.py), never here."""
     bsz, _, nq, nk = shape
     start_block = seq_start // rule.block_size
     cand = candidate_mask(q_blocks, nk, start_block)  # [B, nq, nk]
     forced = cand & forced_mask(q_blocks, nk, rule, seq_start, seq_end)
     if dense_rows is not None:
         forced = forced | (cand & dense_rows[None, :, None])
-    gid = None
+    tiles = None
     if row_group > 1 and nq > 1:
-        gid = q_blocks // row_group
-        gid = gid - gid[0]
-        forced = cand & _spread(forced, gid)  # a tile keeps what any of its rows must keep
+        tiles = Tiles.of(q_blocks, row_group)
+        forced = cand & _spread(forced, tiles)  # a tile keeps what any of its rows must keep
     rows = torch.ones(bsz, nq, dtype=torch.bool, device=q_blocks.device)
     if real_rows is not None:
         rows = real_rows
     cand = cand & rows[:, :, None]  # rows without real queries keep only what is forced
-    masks = cand, forced, gid, rows
-    if not cached:
-        return masks
-    with _MASKS_LOCK:  # the app selects for several sessions on threads
-        while len(_MASKS) >= 4:
-            _MASKS.pop(next(iter(_MASKS)))
-        _MASKS[key] = masks
-    return masks
-
-
-# budget_masks' last results (callers never change them in place): ~0.7 ms a layer at 8k tokens
-_MASKS: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]] = {}
-_MASKS_LOCK = threading.Lock()
-
-
-def _masks_key(shape, q_blocks, rule, seq_start, seq_end, dense_rows, real_rows, row_group):
-    """budget_masks' arguments as one hashable value (tensors by device, shape and contents)."""
-
-    def of(x: torch.Tensor | None) -> tuple | None:
-        if x is None:
-            return None
-        return (str(x.device), x.dtype, tuple(x.shape), x.cpu().numpy().tobytes())
-
-    tensors = (q_blocks, seq_start, seq_end, dense_rows, real_rows)
-    return (tuple(shape), rule, row_group, *map(of, tensors))
+    return cand, forced, tiles, rows
 
 
 def select_blocks(
@@ -189,6 +186,7 @@ def select_blocks(
     budget: str = "row",
     row_group: int = 1,
     pool: str = "mean",
+    masks: tuple | None = None,
 ) -> BlockSelection:
     """Top blocks of scores [B, G, nq, nk] (higher = keep) to the density budget.
 
@@ -198,15 +196,18 @@ def select_blocks(
     (aligned to multiples of it) that share one list (query tiles of row_group blocks, see
     group_budget_keep); needs the layer budget. density: one for every group, or one per group
     (a layer profile's, engine/layer_profile.py). pool: how a tile's rows combine their scores
-    (tile_offers).
+    (tile_offers). masks: budget_masks' result for these arguments, where the caller keeps it
+    (engine/step.py: once per forward step).
     """
-    cand, forced, gid, rows = budget_masks(
-        scores.shape, q_blocks, rule, seq_start, seq_end, dense_rows, real_rows, row_group
-    )
-    if gid is not None:
+    if masks is None:
+        masks = budget_masks(
+            scores.shape, q_blocks, rule, seq_start, seq_end, dense_rows, real_rows, row_group
+        )
+    cand, forced, tiles, rows = masks
+    if tiles is not None:
         if budget != "layer":
             raise ValueError("query tiles of several blocks need the layer budget")
-        keep = group_budget_keep(scores, cand, forced, gid, density, pool)
+        keep = group_budget_keep(scores, cand, forced, tiles, density, pool)
     elif budget == "layer" and scores.shape[2] > 1:
         keep = layer_budget_keep(scores, cand, forced, density)
     else:
@@ -229,14 +230,14 @@ def select_blocks(
 def selection_from_mask(
     keep: torch.Tensor, cand: torch.Tensor, rows: torch.Tensor
 ) -> BlockSelection:
-    """Index lists from a kept mask [B, G, nq, nk]; density counted over real rows' candidates."""
+    """Index lists from a kept mask [B, G, nq, nk]; density counted over real rows' candidates
+    (as tensors: the lists' width is the one number read on the host)."""
     groups = keep.shape[1]
     count = keep.sum(-1, dtype=torch.int32)  # [B, G, nq]
     kmax = max(int(count.max().item()) if count.numel() else 1, 1)
     index = block_lists(keep, kmax)
-    real = keep & cand[:, None]
-    kept = int(real.sum().item())
-    total = int((cand.sum(-1) * rows).sum().item()) * groups
+    kept = (keep & cand[:, None]).sum()
+    total = (cand.sum(-1) * rows).sum() * groups
     return BlockSelection(index, count, kept, total)
 
 
@@ -278,38 +279,38 @@ def layer_budget_keep(
     return keep.view(bsz, groups, nq, nk) & free[:, None]
 
 
-def _tile_sums(x: torch.Tensor, gid: torch.Tensor) -> torch.Tensor:
-    """[..., nq, nk] -> [..., ng, nk] float: sums over each tile's rows (gid [nq]: each row's
-    tile, non-decreasing from 0). Tiles of consecutive rows sum through a padded view; the
+def _tile_sums(x: torch.Tensor, tiles: Tiles, op: str = "sum") -> torch.Tensor:
+    """[..., nq, nk] -> [..., ng, nk] float: the sum (op "sum") or max (op "max", -inf where a
+    tile is empty) over each tile's rows. Regular tiles reduce through a padded view; the
     one-hot product it replaces cost ng x nq x nk (~5 ms a layer at 7k tokens)."""
-    ng, nq = int(gid[-1]) + 1, gid.shape[0]
+    ng, nq = tiles.count, tiles.gid.shape[0]
     x = x.float()
-    if nq > 1:
-        sizes = torch.bincount(gid, minlength=ng)
-        size = int(sizes.max())
-        front = size - int(sizes[0])  # only the first and last tiles may be partial
-        if bool((sizes[1:-1] == size).all()) and front + nq <= ng * size:
-            pad = (0, 0, front, ng * size - front - nq)
-            x = torch.nn.functional.pad(x, pad)
-            return x.view(*x.shape[:-2], ng, size, x.shape[-1]).sum(-2)
-    member = torch.nn.functional.one_hot(gid.long(), ng).T.float().to(x.device)
+    if tiles.regular:
+        pad = (0, 0, tiles.front, ng * tiles.size - tiles.front - nq)
+        x = torch.nn.functional.pad(x, pad, value=0.0 if op == "sum" else -math.inf)
+        x = x.view(*x.shape[:-2], ng, tiles.size, x.shape[-1])
+        return x.sum(-2) if op == "sum" else x.amax(-2)
+    if op == "max":
+        out = x.new_full((*x.shape[:-2], ng, x.shape[-1]), -math.inf)
+        return out.index_reduce_(-2, tiles.gid.to(x.device), x, "amax")
+    member = torch.nn.functional.one_hot(tiles.gid.long(), ng).T.float().to(x.device)
     return torch.einsum("gq,...qk->...gk", member, x)
 
 
-def _spread(mask: torch.Tensor, gid: torch.Tensor) -> torch.Tensor:
+def _spread(mask: torch.Tensor, tiles: Tiles) -> torch.Tensor:
     """[B, nq, nk] -> the same shape, each row holding the union over its tile's rows."""
-    return (_tile_sums(mask, gid) > 0)[:, gid]
+    return (_tile_sums(mask, tiles) > 0)[:, tiles.gid]
 
 
 def group_budget_keep(
     scores: torch.Tensor,
     cand: torch.Tensor,
     forced: torch.Tensor,
-    gid: torch.Tensor,
+    tiles: Tiles,
     density: float | Sequence[float],
     pool: str = "mean",
 ) -> torch.Tensor:
-    """[B, G, nq, nk] kept when the rows of a tile (gid [nq]: tile of each row) share one list.
+    """[B, G, nq, nk] kept when the rows of a tile share one list.
 
     A tile's block costs one pair per row that can see it and does not already keep it; its value
     per pair is the rows' mean score, or with pool "max" their largest (tile_offers). Blocks are
@@ -318,9 +319,9 @@ def group_budget_keep(
     row per tile this is layer_budget_keep.
     """
     bsz, groups, nq, nk = scores.shape
-    ng = int(gid[-1]) + 1
+    ng = tiles.count
     free = cand & ~forced  # [B, nq, nk]
-    o = tile_offers(scores, cand, forced, gid, pool)
+    o = tile_offers(scores, cand, forced, tiles, pool)
     dens = group_rates(density, groups, scores.device)
     target = torch.floor(dens * o.candidates.double()[:, None] + 1e-9).long()  # [B, G]
     room = (target - o.forced[:, None]).clamp(min=0)
@@ -329,7 +330,7 @@ def group_budget_keep(
     live = (paid <= room[:, :, None].double()) & (o.value.gather(-1, order) > -math.inf)
     keep = torch.zeros(bsz, groups, ng * nk, dtype=torch.bool, device=scores.device)
     keep.scatter_(-1, order, live)
-    return keep.view(bsz, groups, ng, nk)[:, :, gid] & free[:, None]
+    return keep.view(bsz, groups, ng, nk)[:, :, tiles.gid] & free[:, None]
 
 
 def best_first(value: torch.Tensor, k: int) -> torch.Tensor:
@@ -348,27 +349,26 @@ def tile_offers(
     scores: torch.Tensor,
     cand: torch.Tensor,
     forced: torch.Tensor,
-    gid: torch.Tensor,
+    tiles: Tiles,
     pool: str = "mean",
 ) -> Offers:
     """The items group_budget_keep ranks, from scores [B, G, nq, nk] and the masks of
-    budget_masks (gid [nq]: each row's tile; one tile per row when rows do not share lists).
+    budget_masks (tiles: Tiles.rows where rows do not share lists).
     A block's value is the mean score of the tile's rows that can see it, or with pool "max" the
     largest: a shared list serves every row, and the row that needs a block most is the one
     hurt most without it (docs/quality.md measures both). The calibration (eval/calibrate.py)
     ranks the offers of the exact mass, pooled the same way, across layers."""
     bsz, groups, nq, nk = scores.shape
-    ng = int(gid[-1]) + 1
+    ng = tiles.count
     free = cand & ~forced  # [B, nq, nk]
-    cost = _tile_sums(free, gid)  # [B, ng, nk]
+    cost = _tile_sums(free, tiles)  # [B, ng, nk]
     if pool == "max":
         sc = torch.where(cand[:, None], scores.float(), -math.inf)
-        value = sc.new_full((bsz, groups, ng, nk), -math.inf)
-        pool_into(value, 2, gid.to(sc.device), sc, "max")  # [B, G, ng, nk]
+        value = _tile_sums(sc, tiles, "max")  # [B, G, ng, nk]
     else:
-        seen = _tile_sums(cand, gid).clamp(min=1)
+        seen = _tile_sums(cand, tiles).clamp(min=1)
         sc = torch.where(cand[:, None], scores.float(), 0.0)
-        value = _tile_sums(sc, gid) / seen[:, None]  # [B, G, ng, nk]
+        value = _tile_sums(sc, tiles) / seen[:, None]  # [B, G, ng, nk]
     value = value.masked_fill(cost[:, None] <= 0, -math.inf).reshape(bsz, groups, ng * nk)
     return Offers(value, cost.reshape(bsz, ng * nk), forced.sum((1, 2)), cand.sum((1, 2)))
 

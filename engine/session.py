@@ -34,6 +34,7 @@ from .layer_profile import layer_densities
 from .pipeline import Plan, layer_exact, prefill_plan, sparse_attention
 from .recorder import LayerStep, Recorder
 from .sketch import SRHT, make_srht
+from .step import StepMeta
 from .threads import one_thread
 
 Exact = torch.Tensor | None  # a layer step's exact block mass, where it was computed
@@ -57,8 +58,9 @@ class Session:
     srhts: dict[tuple[int, int, str], SRHT] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     _ones: torch.Tensor | None = None  # the all-valid key mask of the current length
+    meta: StepMeta | None = None  # what the current forward step's layers share (layer 0 builds)
     # kept (row, block) pairs and all causal pairs, per phase, over sparse layers / all layers
-    counts: dict[str, list[int]] = field(default_factory=dict)
+    counts: dict[str, list] = field(default_factory=dict)
     # each sparse layer's density from the model's layer profile ({}: cfg.density everywhere);
     # None until the attention hook binds the model (bind_model)
     layer_density: dict[int, tuple[float, ...]] | None = None
@@ -106,9 +108,12 @@ class Session:
         if not c:
             return None
         kept, cand = (c[0], c[1]) if sparse_only else (c[2], c[3])
+        kept, cand = float(kept), float(cand)  # tensors on the device until read here
         return kept / cand if cand else None
 
-    def _count(self, phase: str, kept: int, cand: int, sparse: bool) -> None:
+    def _count(self, phase: str, kept, cand, sparse: bool) -> None:
+        """Tallies of kept and causal pairs: ints, or 0-dim tensors a selection counted on its
+        device (summed there, read once by density())."""
         c = self.counts.setdefault("prefill" if phase == "chunk" else phase, [0, 0, 0, 0])
         if sparse:
             c[0] += kept
@@ -135,11 +140,13 @@ class Session:
         bsz, _, lq, _ = q.shape
         lk = k.shape[2]
         phase = phase_of(lk - lq, lq)  # the cache hands over its keys with the new ones
+        key_valid = self._key_validity(mask, bsz, lk, q.device)
         if layer == 0:
             self._begin(phase)
+        if layer == 0 or self.meta is None:
+            self.meta = StepMeta.of(mask, key_valid)
         if self.on_layer is not None:
             self.on_layer(phase, self.step, layer)
-        key_valid = self._key_validity(mask, bsz, lk, q.device)
         exact, exact_rec = self._exact(phase, layer, q, k, key_valid, scale)
         if phase == "prefill":
             plan, out, ms = self._prefill(layer, q, k, v, mask, key_valid, scale, exact)
@@ -231,6 +238,7 @@ class Session:
                 scale,
                 select=sparse,
                 exact=exact,
+                step=self.meta,
             )
             for stage, ms in plan.timings.items():
                 self._time(stage, ms)
@@ -260,7 +268,7 @@ class Session:
         srht = self.srht(layer, q.shape[-1], q.device)
         st = self.decode_states[layer]
         plan = chunk_step(
-            st, q, k[:, :, -lq:], lk, cfg, srht, key_valid, self.chunk_walk, select=sparse
+            st, q, k[:, :, -lq:], lk, cfg, srht, key_valid, self.chunk_walk, sparse, self.meta
         )
         for stage, ms in plan.timings.items():
             self._time(stage, ms)
@@ -298,6 +306,7 @@ class Session:
                 keys=k,
                 scale=scale,
                 all_valid=mask is None,
+                step=self.meta,
             )
         for stage, ms in plan.timings.items():
             self._time(stage, ms)
@@ -306,8 +315,8 @@ class Session:
     def _sparse(self, phase, layer, plan: Plan, q, k, v, mask, key_valid, scale):
         """The kept blocks through the kernel; returns the output and its time in ms."""
         sel = plan.selection
-        all_valid = mask is None or bool(key_valid.all())  # no mask: no padding, no sync
-        seq_start = None if all_valid else key_valid.float().argmax(dim=1)
+        padded = self.meta.padded  # read once per step, at layer 0
+        seq_start = key_valid.float().argmax(dim=1) if padded else None
         t0 = now_ms(q.device)
         out = None
         if phase == "decode" and self.cfg.decode_reselect != 1:

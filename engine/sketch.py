@@ -90,10 +90,10 @@ class SRHT:
         return x.float() @ self.matrix
 
     def pooled(
-        self, x: torch.Tensor, block_size: int, valid: torch.Tensor
+        self, x: torch.Tensor, block_size: int, valid: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The sketch of x [B, H, L, d] and, per block of block_size rows over the valid ones
-        (valid [B, L]), the sums of the sketched rows and of their squares [B, H, n, r]."""
+        (valid [B, L]; None: all), the sums of the sketched rows and of their squares [B, H, n, r]."""
         fast = self._fast(x, block_size, valid)
         if fast is not None:
             return fast  # type: ignore[return-value]
@@ -121,6 +121,12 @@ def make_srht(dim: int, sketch_dim: int, seed: int, layer: int) -> SRHT:
     return SRHT(signs, keep, dim, partial.transform(torch.eye(dim)))
 
 
+def all_on_host(x: torch.Tensor) -> bool:
+    """x.all(), asked only where the answer is free (a CPU tensor). On a GPU the question is a
+    host round trip per layer, and the masked work it would skip one cheap pass: False there."""
+    return x.device.type == "cpu" and bool(x.all())
+
+
 def block_pool(
     x: torch.Tensor, block_size: int, valid: torch.Tensor | None = None, offset: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,7 +139,7 @@ def block_pool(
     bsz, length = x.shape[0], x.shape[2]
     xf = x.float()
     w = torch.ones(bsz, length, 1, device=x.device) if valid is None else valid.float()[..., None]
-    if valid is not None and not bool(valid.all()):  # skip a full copy in the common case
+    if valid is not None and not all_on_host(valid):  # skip a full copy in the common case
         xf = xf * w[:, None]
     return _pool_rows(xf, block_size, offset), _pool_rows(w, block_size, offset)[..., 0]
 
@@ -201,7 +207,7 @@ def causal_block_softmax(
     # one pass to mask and one to normalise (without the masked_fill copy and the nan_to_num
     # pass a block-mean selection at 8k tokens took 24.5 ms, not 26.3); NaN rows need padding
     probs = torch.softmax(torch.where(mask, logits, float("-inf")), dim=-1)
-    if not bool(mask.any(-1).all()):
+    if not all_on_host(mask.any(-1)):
         probs.nan_to_num_(0.0)
     return probs
 
@@ -211,7 +217,9 @@ def pool_into(
 ) -> torch.Tensor:
     """Pool the slices of src into out along dim at index, in place: summed (pool "mean"; the
     caller divides by the counts) or their running max (pool "max"; out starts at 0 for
-    masses, or at -inf)."""
+    masses, or at -inf). index: rows of a host tensor (its runs are read on the host; a device
+    tensor costs a copy)."""
+    index = index.cpu()
     run = _run_length(index)
     if run:  # runs of `run` slices per index, in order: a reshape, not a scatter (~2x faster)
         length, first = index.numel(), int(index[0])
@@ -225,6 +233,7 @@ def pool_into(
             else:
                 o.add_(x.sum(dim + 1))
         return out
+    index = index.to(out.device)
     if pool == "max":
         return out.index_reduce_(dim, index, src, "amax")
     return out.index_add_(dim, index, src)
@@ -237,7 +246,7 @@ def _run_length(index: torch.Tensor) -> int:
     if length < 2:
         return 0
     k = int(torch.searchsorted(index, index[0] + 1))  # the first run's length
-    expect = index[0] + torch.arange(length, device=index.device) // max(k, 1)
+    expect = index[0] + torch.arange(length) // max(k, 1)
     return k if 0 < k < length and torch.equal(index, expect) else 0
 
 
@@ -355,10 +364,11 @@ def token_block_mass(
     bsz, h, length, r = qs.shape
     b = block_size
     n = km.shape[2]
+    blk_host = pos.cpu() // b  # positions are host values: their blocks sized without a sync
     pos = pos.to(qs.device)
     blk_all = pos // b
-    j0 = int(blk_all[0])
-    rows = int(blk_all[-1]) - j0 + 1
+    j0 = int(blk_host[0])
+    rows = int(blk_host[-1]) - j0 + 1
     out = torch.zeros(bsz, km.shape[1], h // km.shape[1], rows, n, device=qs.device)
     has = k_count > 0
     cols = torch.arange(n, device=qs.device)
@@ -366,7 +376,7 @@ def token_block_mass(
     for s in range(0, length, step):  # sums per block, so chunks need not align to blocks
         e = min(length, s + step)
         blk = blk_all[s:e]
-        nk = int(blk[-1]) + 1  # no query of this chunk sees past its last block
+        nk = int(blk_host[e - 1]) + 1  # no query of this chunk sees past its last block
         logits = token_block_logits(
             qs[:, :, s:e], km[:, :, :nk], None if kvar is None else kvar[:, :, :nk],
             k_count[:, :nk], dim, tau,
@@ -381,7 +391,7 @@ def token_block_mass(
         probs = torch.softmax(logits, dim=-1)
         # rows that see no block (padding queries) are NaN: they, and every padding query, add 0
         probs.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)
-        pool_into(out[..., :nk], 3, blk - j0, probs, pool)
+        pool_into(out[..., :nk], 3, blk_host[s:e] - j0, probs, pool)
     return out if pool == "max" else _mean_per_row(out, blk_all - j0, q_valid)
 
 
@@ -459,10 +469,11 @@ def sampled_block_mass(
     gh, b = h // hkv, block_size
     n = -(-lk // b)
     c = dim**-0.5 / tau
+    blk_host = pos.cpu() // b  # positions are host values: their blocks sized without a sync
     pos = pos.to(qs.device)
     blk_all = pos // b
-    j0 = int(blk_all[0])
-    rows = int(blk_all[-1]) - j0 + 1
+    j0 = int(blk_host[0])
+    rows = int(blk_host[-1]) - j0 + 1
     out = torch.zeros(bsz, hkv, gh, rows, n, device=qs.device)
     # float32 on CPU: scores and block mass in one C call over keys packed in panels
     # (kernels/block_softmax.py scored_block_mass: a layer's estimate 1.5x faster at 7k tokens

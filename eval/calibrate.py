@@ -15,7 +15,7 @@ from sketchwalk.engine.hook import NAME
 from sketchwalk.engine.layer_profile import TARGETS, LayerProfile, allocate, fingerprint
 from sketchwalk.engine.pipeline import key_span, layer_exact
 from sketchwalk.engine.recorder import LayerStep, RecorderOptions
-from sketchwalk.engine.select import ForcedRule, Offers, budget_masks, tile_offers
+from sketchwalk.engine.select import ForcedRule, Offers, Tiles, budget_masks, tile_offers
 from sketchwalk.engine.session import sketch_walk_session
 from sketchwalk.engine.timing import last_logits_only
 from sketchwalk.errors import SketchWalkError
@@ -46,12 +46,11 @@ class OfferCollector:
         exact = layer_exact(obs.q[:1], obs.k[:1], obs.key_valid[:1], obs.scale, cfg)
         rows = torch.arange(exact.shape[2], device=exact.device)
         start, end = key_span(obs.key_valid[:1])
-        cand, forced, gid, _ = budget_masks(
+        cand, forced, tiles, _ = budget_masks(
             exact.shape, rows, ForcedRule.of(cfg), start, end, row_group=cfg.rows_per_list
         )
-        self.offers[obs.layer] = tile_offers(
-            exact, cand, forced, rows if gid is None else gid, cfg.pool
-        )
+        tiles = Tiles.rows(rows.numel(), rows.device) if tiles is None else tiles
+        self.offers[obs.layer] = tile_offers(exact, cand, forced, tiles, cfg.pool)
 
 
 @torch.no_grad()

@@ -84,7 +84,8 @@ def _text(lm: LoadedModel, dec: Decoded) -> str:
 
 
 def _counts(session: Session) -> dict[str, list[int]]:
-    return {phase: list(c) for phase, c in session.counts.items()}
+    """The session's pair tallies as ints (a selection counts them on its device)."""
+    return {phase: [int(x) for x in c] for phase, c in session.counts.items()}
 
 
 @torch.no_grad()  # the LM head's weights require grad: without this each chunk built a graph

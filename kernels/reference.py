@@ -95,9 +95,15 @@ def rows_of_tiles(
 
 
 def tiles_of_rows(
-    block_index: torch.Tensor, block_count: torch.Tensor, tile_rows: int, n_kblocks: int
+    block_index: torch.Tensor,
+    block_count: torch.Tensor,
+    tile_rows: int,
+    n_kblocks: int,
+    width: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lists per query block -> one list per tile of tile_rows consecutive blocks (their union)."""
+    """Lists per query block -> one list per tile of tile_rows consecutive blocks (their union).
+    width: the lists' width where the caller knows a bound on the host (no device read of the
+    longest union; entries past a tile's count hold the last key block, never read)."""
     bsz, g, nq, _ = block_index.shape
     mask = selected_block_mask(block_index, block_count, n_kblocks)
     n_tiles = -(-nq // tile_rows)
@@ -106,7 +112,9 @@ def tiles_of_rows(
         mask = torch.nn.functional.pad(mask, (0, 0, 0, pad))
     mask = mask.view(bsz, g, n_tiles, tile_rows, n_kblocks).any(3)
     count = mask.sum(-1)
-    kmax = max(int(count.max()) if count.numel() else 1, 1)
+    if width is None:
+        width = int(count.max()) if count.numel() else 1
+    kmax = max(min(width, n_kblocks), 1)
     j = torch.arange(n_kblocks, device=mask.device, dtype=torch.int32)
     index = torch.where(mask, j, torch.full_like(j, n_kblocks)).sort(dim=-1).values[..., :kmax]
     index = index.clamp(max=max(n_kblocks - 1, 0))

@@ -3,6 +3,8 @@ import math
 import pytest
 import torch
 
+from sketchwalk.engine import select
+from sketchwalk.engine.config import SketchWalkConfig
 from sketchwalk.engine.select import (
     BlockSelection,
     ForcedRule,
@@ -341,16 +343,22 @@ def test_extend_selection_appends_the_new_block_to_every_list(groups, density):
 def test_tile_sums_equal_the_one_hot_product(q_blocks, r):
     """Tile sums over rows (gid: each row's tile, as select_blocks derives it from q_blocks) equal
     the one-hot product, whether the rows start mid-tile, fill whole tiles, or leave gaps."""
-    from sketchwalk.engine.select import _tile_sums
+    from sketchwalk.engine.select import Tiles, _tile_sums
 
     q = torch.tensor(list(q_blocks))
+    tiles = Tiles.of(q, r)
     gid = q // r - int(q[0]) // r
+    assert torch.equal(tiles.gid, gid) and tiles.count == int(gid[-1]) + 1
     x = torch.randn(2, 3, q.numel(), 7)
     member = torch.nn.functional.one_hot(gid, int(gid[-1]) + 1).T.float()
     want = torch.einsum("gq,bhqk->bhgk", member, x)
-    assert torch.allclose(_tile_sums(x, gid), want, atol=1e-6)
+    assert torch.allclose(_tile_sums(x, tiles), want, atol=1e-6)
     mask = x[0] > 0  # bool input, as the selection's masks
-    assert torch.equal(_tile_sums(mask, gid), torch.einsum("gq,hqk->hgk", member, mask.float()))
+    assert torch.equal(_tile_sums(mask, tiles), torch.einsum("gq,hqk->hgk", member, mask.float()))
+    # the max over a tile's rows, as index_reduce computes it (-inf where a tile has no row)
+    want_max = torch.full((2, 3, tiles.count, 7), float("-inf"))
+    want_max.index_reduce_(2, gid, x, "amax")
+    assert torch.equal(_tile_sums(x, tiles, "max"), want_max)
 
 
 @pytest.mark.parametrize("budget,row_group", [("layer", 1), ("layer", 4), ("row", 1)])
@@ -429,21 +437,34 @@ def test_a_padded_batch_selects_each_sequence_as_alone(row_group):
         assert torch.equal(mask[i : i + 1], selection_mask(alone, n))
 
 
-def test_budget_masks_are_reused_only_for_the_same_arguments():
-    from sketchwalk.engine import select
+def test_choose_blocks_builds_the_masks_once_per_step():
+    """Within a forward step (StepMeta) every layer's selection shares one set of budget masks;
+    the lists equal a selection built without it, and a new step builds them anew."""
+    from sketchwalk.engine.pipeline import choose_blocks
+    from sketchwalk.engine.step import StepMeta
 
-    rule = ForcedRule(16, 0.05, 1, 0.05, 1)
-    rows, start, end = torch.arange(10), torch.zeros(1, dtype=torch.long), torch.full((1,), 160)
-    real = torch.ones(1, 10, dtype=torch.bool)
-    first = select.budget_masks((1, 2, 10, 10), rows, rule, start, end, None, real, 2)
-    assert (
-        select.budget_masks((1, 2, 10, 10), rows, rule, start, end, None, real.clone(), 2)[0]
-        is first[0]
-    )
-    real[0, 3] = False  # another argument: computed anew, as a cold cache computes it
-    other = select.budget_masks((1, 2, 10, 10), rows, rule, start, end, None, real, 2)
-    select._MASKS.clear()
-    fresh = select.budget_masks((1, 2, 10, 10), rows, rule, start, end, None, real, 2)
-    assert not torch.equal(other[0], first[0])
-    for a, f in zip(other, fresh, strict=True):
-        assert torch.equal(a, f)
+    cfg = SketchWalkConfig(block_size=16, query_block=32, density=0.3)
+    n = 12
+    rows, start, end = torch.arange(n), torch.zeros(1, dtype=torch.long), torch.full((1,), 16 * n)
+    step, calls = StepMeta(padded=False), []
+    real = select.budget_masks
+    for layer in range(3):
+        scores = torch.rand(1, 2, n, n, generator=torch.Generator().manual_seed(layer))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(
+                "sketchwalk.engine.pipeline.budget_masks",
+                lambda *a, layer=layer, **k: calls.append(layer) or real(*a, **k),
+            )
+            got = choose_blocks(cfg, scores, rows, start, end, n, step=step)
+        want = choose_blocks(cfg, scores, rows, start, end, n)
+        assert torch.equal(got.block_index, want.block_index)
+        assert torch.equal(got.block_count, want.block_count)
+        assert int(got.kept) == int(want.kept) and int(got.candidates) == int(want.candidates)
+    assert calls == [0]  # built at the first layer only
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            "sketchwalk.engine.pipeline.budget_masks",
+            lambda *a, **k: calls.append("new") or real(*a, **k),
+        )
+        choose_blocks(cfg, scores, rows, start, end, n, step=StepMeta(padded=False))
+    assert calls == [0, "new"]
