@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .sketch import pool_into
+from .sketch import all_on_host, pool_into
 
 
 def exact_block_mass(
@@ -35,7 +35,7 @@ def exact_block_mass(
     nk, nq = -(-lk // b), -(-lq // b)
     offset = lk - lq
     chunk = max(b, (budget_elems // max(h * lk * bsz, 1)) // b * b)
-    padded = not bool(key_valid.all())
+    padded = not all_on_host(key_valid)  # on a GPU: mask anyway (no sync per layer)
     qv = key_valid[:, offset:].float()  # [B, Lq] real queries
     out = torch.zeros(bsz, groups, nq, nk, device=q.device)
     kf = k.float().unsqueeze(2)  # [B, Hkv, 1, Lk, d]

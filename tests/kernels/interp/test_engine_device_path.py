@@ -35,6 +35,11 @@ CONFIGS = {
     "block means": {"estimator": "mean", "sampled_depth": 0.0},
     "row budget, no tiles": {"budget": "row", "query_block": 32},
     "streaming": {"method": "streaming"},
+    "no walk": {"method": "nowalk"},
+    "oracle": {"method": "oracle"},
+    "xattention": {"method": "xattention"},
+    "quest": {"method": "quest"},
+    "per-group lists": {"per_group": True},
     "reselect every step": {"decode_reselect": 1},
 }
 # the host reads a selection needs, per sparse layer: its topk's width and its lists' width
@@ -50,11 +55,11 @@ PER_STEP = {("engine/select.py", "of")}  # the tile layout, once per forward ste
 def _device_path(monkeypatch):
     """What differs on a GPU besides the kernels: no C library, and no free `.all()` reads
     (engine/sketch.py all_on_host answers False off a CPU)."""
-    from sketchwalk.engine import score_basis, sketch
+    from sketchwalk.engine import blockstats, score_basis, sketch
 
     monkeypatch.setenv("SKETCHWALK_NATIVE", "0")
     monkeypatch.delenv("SKETCHWALK_KERNEL", raising=False)
-    for module in (sketch, score_basis):
+    for module in (sketch, score_basis, blockstats):
         monkeypatch.setattr(module, "all_on_host", lambda x: False)
 
 
