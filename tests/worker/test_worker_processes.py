@@ -110,25 +110,27 @@ def test_two_workers_run_twenty_jobs_exactly_once(pg_url, tmp_path, procs, tiny_
 
 
 def test_a_killed_workers_job_is_requeued_and_finished_by_another(pg_url, tmp_path, procs):
+    """Two workers serving; the one that took the job is killed mid-job (whichever it is: on a
+    loaded machine the second may start late), and the other reruns it after the timeout."""
     timeout = {"SKETCHWALK_JOB_TIMEOUT_S": "2"}
-    a = WorkerProc(pg_url, tmp_path, "victim", **timeout)
-    procs.append(a)
-    a.wait_serving()
+    workers = {name: WorkerProc(pg_url, tmp_path, name, **timeout) for name in ("w1", "w2")}
+    procs.extend(workers.values())
+    for w in workers.values():
+        w.wait_serving()
     with open_store(pg_url) as store:
         job_id = store.enqueue_job({"prompt": "medium", "sleep_s": 15})
         wait_for(lambda: store.get_job(job_id).run_id is not None, 30, "the job to start")
-        first_run = store.get_job(job_id).run_id
-        b = WorkerProc(pg_url, tmp_path, "rescuer", **timeout)
-        procs.append(b)
-        b.wait_serving()
-        a.kill()  # SIGKILL mid-job: re-queued after the timeout, run again by the rescuer
+        first = store.get_job(job_id)
+        victim = first.worker
+        rescuer = next(name for name in workers if name != victim)
+        workers[victim].kill()  # SIGKILL mid-job: re-queued after the timeout, run again
         wait_for(lambda: store.get_job(job_id).status == "done", 90, "the rerun")
         job = store.get_job(job_id)
         runs = store.list_runs()
-    assert job.worker == "rescuer" and job.attempts == 2 and job.error is None
-    assert first_run not in set(runs["id"])  # the victim's half-made run was dropped
+    assert job.worker == rescuer and job.attempts == 2 and job.error is None
+    assert first.run_id not in set(runs["id"])  # the victim's half-made run was dropped
     assert list(runs["prompt"]).count(job_id) == 1  # and the job ran to the end once
-    assert b.stop() == 0
+    assert workers[rescuer].stop() == 0
 
 
 def test_a_killed_workers_job_fails_when_out_of_attempts(pg_url, tmp_path, procs):
