@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sketchwalk.kernels import choose_backend, decode_attention, decode_cache
+from sketchwalk.kernels import backend_for
 
 from .clock import now_ms
 from .config import SketchWalkConfig
@@ -329,38 +329,19 @@ class Session:
         return out, ms
 
     def _decode_gathered(self, layer, sel, q, k, v, scale, seq_start) -> torch.Tensor | None:
-        """Decode with a selection kept across steps: its K/V gathered once (kernels/decode_cache);
-        None where that path does not apply (then the stateless kernel runs)."""
+        """Decode with a selection kept across steps, through the backend's DecodeKeeper
+        (kernels/backends.py; the CPU's gathers its K/V once); None where the backend keeps
+        nothing (then the stateless kernel runs)."""
         st = self.decode_states.get(layer)
-        if st is None or choose_backend(q.device, self.kernel_backend) != "cpu":
-            return None
-        if decode_attention.applies(q, k, v):  # C reads the listed rows in place: nothing to keep
-            return None
-        if not decode_cache.supports(q, k, sel.block_index.shape[1], seq_start):
+        keeper = backend_for(q.device, self.kernel_backend).decode
+        if st is None or keeper is None:
             return None
         b = self.cfg.block_size
-        cur = (k.shape[2] - 1) // b
-        g = st.gathered
-        if g is not None and g.source is st.extended_from and g.cur == cur - 1:
-            g = decode_cache.advance(g, k, v, source=sel)  # the kept lists crossed a block
-        if g is None or g.source is not sel or g.cur != cur:
-            try:
-                g = decode_cache.gather(
-                    k,
-                    v,
-                    sel.block_index,
-                    sel.block_count,
-                    b,
-                    k.shape[2],
-                    sel,
-                    heads=q.shape[1],
-                    room=2 + -(-self.cfg.decode_reselect // b),  # blocks it may cross
-                )
-            except ValueError:
-                st.gathered = None
-                return None
-            st.gathered = g
-        return decode_cache.attend(g, q, k, v, scale)
+        lists = sel.lists(b).starting_at(seq_start)
+        prev = None if st.extended_from is None else st.extended_from.lists(b)
+        room = 2 + -(-self.cfg.decode_reselect // b)  # blocks it may cross
+        st.gathered = keeper.plan(st.gathered, q, k, v, lists, prev, room)
+        return None if st.gathered is None else keeper.run(st.gathered, q, k, v, scale)
 
     def _dense(self, phase, q, k, v, mask, scale):
         """Dense attention; returns the output and its time in ms."""
