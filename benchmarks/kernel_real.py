@@ -67,9 +67,9 @@ def capture(tokens: int, preset_name: str, layers: list[int], density: float) ->
             )
         return kernel(q, k, v, lists, causal, scale, backend)
 
-    def sparse_at(self, phase, layer, *args, **kw):
-        layer_now[0] = layer
-        return sparse(self, phase, layer, *args, **kw)
+    def sparse_at(self, call, plan):
+        layer_now[0] = call.layer
+        return sparse(self, call, plan)
 
     pipeline.block_sparse_attention = spy
     Session._sparse = sparse_at
