@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from sketchwalk.engine.clock import timed
 from sketchwalk.engine.config import SketchWalkConfig
 from sketchwalk.kernels import block_sparse_attention, choose_backend
+from sketchwalk.kernels.lists import BlockLists
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ def _flex_peer(q, k, v, cfg, backend, device) -> tuple[Callable[[], object], dic
         device,
     )
     ours = block_sparse_attention(
-        q, k, v, sel.block_index, sel.block_count, cfg.block_size, backend=backend
+        q, k, v, BlockLists(sel.block_index, sel.block_count, cfg.block_size), backend=backend
     )
     theirs = flex.flex_attend(q, k, v, mask)  # compiles on first use
     diff = float((ours.float() - theirs.float()).abs().max())
@@ -243,7 +244,7 @@ def bench_decode(
         idx, cnt = decode_block_list(n, density, sink, window, device)
 
         def sparse(idx=idx, cnt=cnt, b=b) -> tuple[float, float]:
-            call = lambda: block_sparse_attention(q, k, v, idx, cnt, b, backend=backend)  # noqa: E731
+            call = lambda: block_sparse_attention(q, k, v, BlockLists(idx, cnt, b), backend=backend)  # noqa: E731
             return 0.0, timed(call, device)[1]
 
         def dense() -> object:

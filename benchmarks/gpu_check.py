@@ -180,10 +180,8 @@ def check_kernels(
     """The Triton kernels against the torch oracle on random lists; rows with their rel_err."""
     import torch
 
-    from sketchwalk.kernels.reference import (
-        block_sparse_attention_reference,
-        dense_block_index,
-    )
+    from sketchwalk.kernels.lists import BlockLists, dense_lists
+    from sketchwalk.kernels.reference import block_sparse_attention_reference
     from sketchwalk.kernels.testing import random_block_index
     from sketchwalk.kernels.triton_dispatch import block_sparse_attention_triton
 
@@ -210,19 +208,23 @@ def check_kernels(
             k = torch.randn(bsz, hkv, lk, d, generator=gen).to(dev, dt)
             v = torch.randn(bsz, hkv, lk, d, generator=gen).to(dev, dt)
             out = torch.full_like(q, float("nan"))
-            block_sparse_attention_triton(q, k, v, idx, cnt, b, True, None, starts, out=out)
-            ref = block_sparse_attention_reference(q, k, v, idx, cnt, b, True, None, starts).float()
+            block_sparse_attention_triton(
+                q, k, v, BlockLists(idx, cnt, b, seq_start=starts), True, None, out=out
+            )
+            ref = block_sparse_attention_reference(
+                q, k, v, BlockLists(idx, cnt, b, seq_start=starts)
+            ).float()
             err = float((out.float() - ref).abs().max() / ref.abs().max())
             ok = bool(torch.isfinite(out).all()) and err < tol[dt]
             add({"case": str(case), "dtype": str(dt)[6:], "rel_err": err, "ok": ok})
     length, b, dt = (64, 16, torch.float16) if smoke else (1024, 64, torch.bfloat16)
-    di, dc = dense_block_index(1, 1, length, length, b, dev)
+    every = dense_lists(1, 1, length, length, b, dev)
     q = torch.randn(1, 32, length, 128, generator=gen).to(dev, dt)
     k = torch.randn(1, 8, length, 128, generator=gen).to(dev, dt)
     dense = torch.nn.functional.scaled_dot_product_attention(
         q.float(), k.float(), k.float(), is_causal=True, enable_gqa=True
     )
-    full = block_sparse_attention_triton(q, k, k, di, dc, b)
+    full = block_sparse_attention_triton(q, k, k, every)
     err = float((full.float() - dense).abs().max() / dense.abs().max())
     add({"case": "density 1.0 vs SDPA", "dtype": str(dt)[6:], "rel_err": err, "ok": err < tol[dt]})
     return rows

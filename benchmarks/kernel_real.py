@@ -6,7 +6,8 @@ count and Python overhead there are what a user pays. This captures, during one 
 the default model on the GPL-3 text, the exact kernel inputs (q, k, v, the lists) of a few sparse
 layers, saves them under /tmp, then times dense SDPA against the kernel on them, interleaved in one
 process (medians), and counts the CPU flash-kernel calls. `--baseline FILE` times a second copy of
-kernels/cpu.py (e.g. `git show main:kernels/cpu.py > /tmp/cpu_main.py`) in the same loop.
+kernels/cpu.py (its torch paths are kernels/cpu_prefill.py and cpu_decode.py since the split; a
+copy from before it carries them; e.g. `git show main:kernels/cpu.py > /tmp/cpu_main.py`) in the same loop.
 
     .venv/bin/python -m sketchwalk.benchmarks.kernel_real --tokens 4096 7376 --preset default fast
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import os
 import statistics
 import sys
@@ -30,6 +32,7 @@ from sketchwalk.allocator import keep_freed_memory
 from sketchwalk.benchmarks.model import DEFAULT_TEXT, prompt_ids
 from sketchwalk.engine.config import PRESETS, SketchWalkConfig, preset
 from sketchwalk.kernels.cpu import block_sparse_attention_cpu
+from sketchwalk.kernels.lists import BlockLists
 
 CAPTURE_DIR = Path("/tmp/sketchwalk-kernel-real")
 FLASH_OP = "aten::_scaled_dot_product_flash_attention_for_cpu"
@@ -52,21 +55,21 @@ def capture(tokens: int, preset_name: str, layers: list[int], density: float) ->
     layer_now = [-1]
     kernel, sparse = pipeline.block_sparse_attention, Session._sparse
 
-    def spy(q, k, v, index, count, b, causal, scale, seq_start, *, backend=None, query_block=None):
+    def spy(q, k, v, lists, causal=True, scale=None, backend=None):
         if layer_now[0] in layers and q.shape[2] == k.shape[2]:
-            tensors = dict(q=q, k=k, v=v, index=index, count=count)
-            meta = dict(block=b, scale=scale, seq_start=seq_start, query_block=query_block)
+            tensors = dict(q=q, k=k, v=v, index=lists.index, count=lists.count)
+            meta = dict(
+                block=lists.block_size, scale=scale, seq_start=lists.seq_start,
+                query_block=lists.query_block,
+            )  # fmt: skip
             saved.append(
                 {n: x.clone() for n, x in tensors.items()} | meta | {"layer": layer_now[0]}
             )
-        return kernel(
-            q, k, v, index, count, b, causal, scale, seq_start,
-            backend=backend, query_block=query_block,
-        )  # fmt: skip
+        return kernel(q, k, v, lists, causal, scale, backend)
 
-    def sparse_at(self, phase, layer, *args, **kw):
-        layer_now[0] = layer
-        return sparse(self, phase, layer, *args, **kw)
+    def sparse_at(self, call, plan):
+        layer_now[0] = call.layer
+        return sparse(self, call, plan)
 
     pipeline.block_sparse_attention = spy
     Session._sparse = sparse_at
@@ -118,9 +121,15 @@ def time_layer(cap: dict, kernels: dict[str, Callable], repeats: int) -> dict:
             q, k, v, is_causal=True, scale=cap["scale"], enable_gqa=True
         )
 
+    lists = BlockLists(
+        cap["index"], cap["count"], cap["block"], cap["query_block"], cap["seq_start"]
+    )
+
     def run(fn: Callable) -> Callable[[], torch.Tensor]:
-        return lambda: fn(q, k, v, cap["index"], cap["count"], cap["block"], True, cap["scale"],
-                          cap["seq_start"], query_block=cap["query_block"])  # fmt: skip
+        if "lists" not in inspect.signature(fn).parameters:  # a copy from before BlockLists
+            old = (lists.index, lists.count, lists.block_size, True, cap["scale"], lists.seq_start)
+            return lambda: fn(q, k, v, *old, query_block=lists.query_block)
+        return lambda: fn(q, k, v, lists, True, cap["scale"])
 
     variants = {"dense": dense} | {name: run(fn) for name, fn in kernels.items()}
     for fn in variants.values():  # warm-up

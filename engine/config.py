@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sketchwalk.errors import SketchWalkError
+
+if TYPE_CHECKING:
+    from .estimators import Estimator
 
 PHASES = ("prefill", "decode", "both")
 BUDGETS = ("layer", "row")
 LAYER_PROFILES = ("auto", "uniform")
-ESTIMATORS = ("mean", "query", "sampled")
 POOLS = ("max", "mean")
 SCORE_DTYPES = ("auto", "bfloat16", "float32")
-TOKEN_ESTIMATORS = ("query", "sampled")  # keep sums of squared keys and score single queries
 
 
 class ConfigError(SketchWalkError):
@@ -57,6 +58,12 @@ def knob(default: Any, help: str, **kw: Any) -> Any:
 
 def _method_names() -> tuple[str, ...]:
     from .methods import names
+
+    return names()
+
+
+def _estimator_names() -> tuple[str, ...]:
+    from .estimators import names
 
     return names()
 
@@ -190,7 +197,7 @@ class SketchWalkConfig:
         "variance, then averages per query block; 'sampled' scores query_samples queries per "
         "block against every sketched key in prefill (the query estimate in decode)",
         label="Estimator",
-        choices=ESTIMATORS,
+        choices=_estimator_names,
     )
     sampled_depth: float = knob(
         0.7,
@@ -321,6 +328,13 @@ class SketchWalkConfig:
         from .methods import get
 
         return get(self.method)
+
+    @property
+    def estimator_spec(self) -> Estimator:
+        """The registry entry of this config's estimator (engine/estimators)."""
+        from .estimators import get
+
+        return get(self.estimator)
 
     @property
     def effective_beta(self) -> float:

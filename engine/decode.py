@@ -16,12 +16,12 @@ import torch
 from sketchwalk.kernels.token_sketch import absorb_token, absorb_token_torch
 
 from .clock import StageTimer
-from .config import TOKEN_ESTIMATORS, SketchWalkConfig
+from .config import SketchWalkConfig
+from .estimators import DecodeInputs
+from .estimators.window import key_estimates
 from .methods import ScoreInputs
 from .pipeline import (
     Plan,
-    QueryTokens,
-    SketchedBlocks,
     choose_blocks,
     key_span,
     method_scores,
@@ -30,17 +30,13 @@ from .pipeline import (
 from .select import BlockSelection, ForcedRule, decode_row_selection, extend_selection
 from .sketch import (
     SRHT,
+    QueryTokens,
+    SketchedBlocks,
     aggregate_heads,
     block_logits,
     block_means,
     block_pool,
     causal_block_softmax,
-    current_row_mass,
-    group_queries,
-    key_summary,
-    sampled_block_mass,
-    token_keys,
-    token_logits,
 )
 from .step import StepMeta
 from .walk import walk_row, walk_rows
@@ -94,41 +90,6 @@ def stagger_phase(layer: int) -> float:
     return (layer * 0.6180339887498949) % 1.0
 
 
-def key_estimates(
-    st: DecodeLayerState, d: int, cfg: SketchWalkConfig, n: int
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Block-mean keys [B, Hkv, n, r] and, for the token estimator, its key side [B, Hkv, n, f]
-    (sketch.token_keys), as views of per-layer buffers. A decode token changes one block's sums,
-    so only the blocks whose sums changed since the last call are recomputed, elementwise per
-    block: the same values a full recomputation gives, without redoing all n blocks each step."""
-    sk = st.sketched
-    tok = cfg.estimator in TOKEN_ESTIMATORS
-    km, keys = st.est_km, st.est_keys
-    if km is None or km.shape[2] < n:  # grow with room for the next blocks
-        bsz, hkv, _, r = sk.k_sum.shape
-        cap, v = n + max(64, n // 4), 0 if km is None else st.est_valid
-        grown = sk.k_sum.new_empty(bsz, hkv, cap, r)
-        if v:
-            grown[:, :, :v] = km[:, :, :v]
-        st.est_km, km = grown, grown
-        if tok:
-            f = r + (r if sk.k_sq is not None else 0) + 1
-            grown = sk.k_sum.new_empty(bsz, hkv, cap, f)
-            if v:
-                grown[:, :, :v] = keys[:, :, :v]
-            st.est_keys, keys = grown, grown
-        st.est_valid = v
-    v = st.est_valid
-    if v < n:
-        k_sq = sk.k_sq[:, :, v:n] if tok and sk.k_sq is not None else None
-        mean, var = key_summary(sk.k_sum[:, :, v:n], k_sq, sk.k_count[:, v:n])
-        km[:, :, v:n] = mean
-        if tok:
-            keys[:, :, v:n] = token_keys(mean, var, sk.k_count[:, v:n], d, cfg.tau)
-        st.est_valid = n
-    return km[:, :, :n], keys[:, :, :n] if tok else None
-
-
 def _window_push(st: DecodeLayerState, qs: torch.Tensor, w: int, lk: int, b: int) -> None:
     """Append one sketched query [B, H, 1, r] (position lk - 1) to the window of the last w: a
     buffer of 2w slots that moves its last w - 1 queries to the front once every w + 1 tokens
@@ -155,51 +116,6 @@ def _window_push(st: DecodeLayerState, qs: torch.Tensor, w: int, lk: int, b: int
     end += 1
     st.window_end = end
     st.window = buf[:, :, max(end - w, 0) : end]
-
-
-def window_logits(st: DecodeLayerState, keys: torch.Tensor, squares: bool) -> torch.Tensor:
-    """The token estimator's logits [B, Hkv, H/Hkv, w, n] of the decode window against the key
-    side `keys` [B, Hkv, n, f] of every block (sketch.token_logits), kept per window slot.
-
-    A query's logits against the blocks before its own never change (those blocks are final), so
-    each slot's row over them is one product when the query first needs it; the blocks from the
-    oldest window query's own block on (two or three of them) are recomputed for the whole window
-    as an elementwise product and sum, where a query's own and later blocks take the new values.
-    Every value is thus made by the same op of the same shape whichever steps ran before (a
-    fresh selection after reused steps equals an every-step one bit for bit), and the window no
-    longer multiplies against all n blocks each token (w x n x f per head: at 7376 tokens and
-    w = 32 four times the FLOPs of dense attention itself)."""
-    buf, end = st.window_buf, st.window_end
-    w = st.window.shape[2]
-    start = end - w
-    bsz, hkv, n, f = keys.shape
-    gh = buf.shape[1] // hkv
-    lg = st.logits_buf
-    if lg is None or lg.shape[-1] < n:
-        grown = keys.new_empty(bsz, hkv, gh, buf.shape[2], n + max(64, n // 4))
-        if lg is not None:
-            grown[..., : lg.shape[-1]] = lg
-        else:
-            st.logit_rows = 0
-        st.logits_buf = lg = grown
-    blocks = st.window_block
-    for slot in range(max(st.logit_rows, start), end):  # rows over the blocks before their own
-        a = blocks[slot]
-        if a > 0:
-            lg[:, :, :, slot : slot + 1, :a] = token_logits(
-                buf[:, :, slot : slot + 1], keys[:, :, :a], squares
-            )
-    st.logit_rows = end
-    a_min = min(blocks[start:end])
-    qg = group_queries(st.window, hkv)  # [B, Hkv, G, w, r]
-    ones = torch.ones(*qg.shape[:-1], 1, device=qg.device, dtype=qg.dtype)
-    qf = torch.cat([qg, *([qg * qg] if squares else []), ones], -1)
-    tail = (qf.unsqueeze(-2) * keys[:, :, None, None, a_min:n]).sum(-1)  # [B, Hkv, G, w, m]
-    own = torch.tensor(blocks[start:end], device=keys.device)
-    cols = torch.arange(a_min, n, device=keys.device)
-    live = lg[:, :, :, start:end, a_min:n]
-    live.copy_(torch.where(cols[None, :] >= own[:, None], tail, live))
-    return lg[:, :, :, start:end, :n]
 
 
 def _grow(
@@ -280,7 +196,7 @@ def chunk_step(
             sk.k_sq[:, :, j0:] += block_pool(ks * ks, b, new_valid, offset=t0 % b)[0]
         # the token estimator also needs the queries of the chunk's first block that came
         # before it: the decode window holds them when it is at least a block long
-        token = cfg.estimator in TOKEN_ESTIMATORS
+        token = cfg.estimator_spec.keeps_tokens
         pre = t0 % b if token and t0 % b <= st.window.shape[2] else 0
         q_tok = torch.cat([st.window[:, :, st.window.shape[2] - pre :], qs], dim=2)
         v_tok = torch.cat([key_valid[:, t0 - pre : t0], new_valid], dim=1)
@@ -405,23 +321,9 @@ def decode_step(
         """Mutates st in place (it belongs to this sequence) and returns the row estimate r."""
         decode_absorb(st, q, k_new, lk, cfg, srht, None if all_valid else key_valid)
         refresh_rows(st, d, cfg, cur, all_valid)
-        sk = st.sketched
-        if cfg.estimator == "sampled" and keys is not None:
-            probs = decode_sampled_mass(st.window, srht, keys, key_valid, cfg, d, all_valid)
-            return aggregate_heads(probs, cfg.per_group, cfg.pool)
-        km, key_side = key_estimates(st, d, cfg, n)
-        if key_side is not None:
-            logits = window_logits(st, key_side, sk.k_sq is not None)
-        else:
-            logits = block_logits(st.window, km, d, cfg.tau)  # [B,Hkv,Gh,w,n]
-        if all_valid:  # the current row sees every block and every block holds keys
-            probs = torch.softmax(logits, dim=-1)
-        else:
-            rows_cur = torch.full((st.window.shape[2],), cur, device=q.device)
-            probs = causal_block_softmax(logits, sk.k_count > 0, rows_cur)
-        # the window's queries stand for the current row: pooled like a block's scored queries
-        pooled = probs.amax(3, keepdim=True) if cfg.pool == "max" else probs.sum(3, keepdim=True)
-        return aggregate_heads(pooled, cfg.per_group, cfg.pool)  # [B,G,1,n]
+        x = DecodeInputs(st, srht, keys, key_valid, cfg, d, cur, all_valid)
+        probs = cfg.estimator_spec.decode(x)  # [B, Hkv, G, 1, n]
+        return aggregate_heads(probs, cfg.per_group, cfg.pool)  # [B,G,1,n]
 
     r = timer.run("sketch", update)
     s = timer.run("walk", lambda: walk_row(r[:, :, 0], st.a, cfg.effective_beta, cfg.degree))
@@ -442,36 +344,6 @@ def decode_step(
     st.selection, st.selected_block, st.steps_since = sel, cur, 0
     st.extended_from = None
     return Plan(r, s, sel, None, timer.ms)
-
-
-def decode_sampled_mass(
-    window: torch.Tensor,
-    srht: SRHT,
-    keys: torch.Tensor,
-    key_valid: torch.Tensor,
-    cfg: SketchWalkConfig,
-    dim: int,
-    all_valid: bool = False,
-) -> torch.Tensor:
-    """The sampled estimator in decode, [B, Hkv, G, 1, n]: the last query_samples queries of the
-    window (0: all of it) scored against every key in the cache, each seeing all of them (they
-    stand for the current row), their block masses pooled (cfg.pool). The window holds sketched
-    queries S q; (S q) S^T scored against raw keys is the sketched inner product (S q).(S k) for
-    any r, so the cache is never sketched. Cost: samples x H x T x d, once per fresh selection
-    (with decode_reselect 0: once per key block). all_valid: no padding, so the one-row path
-    (sketch.current_row_mass) applies."""
-    lk = keys.shape[2]
-    s = cfg.query_samples or window.shape[2]
-    qs = window[:, :, -s:] @ srht.matrix.T  # [B, H, s, d]
-    s = qs.shape[2]
-    if all_valid:
-        return current_row_mass(qs, keys.float(), cfg.block_size, dim, cfg.tau, cfg.pool)
-    pos = torch.full((s,), lk - 1, dtype=torch.long, device=keys.device)
-    q_valid = key_valid[:, lk - s :].bool()  # the window's queries are the last s tokens
-    return sampled_block_mass(
-        qs, q_valid, pos, keys.float(), key_valid.bool(), cfg.block_size, dim, cfg.tau,
-        pool=cfg.pool,
-    )  # fmt: skip
 
 
 def reusable(st: DecodeLayerState, lk: int, cfg: SketchWalkConfig, every: int) -> bool:

@@ -11,45 +11,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sketchwalk.kernels import block_sparse_attention, choose_backend, tiles_of_rows
+from sketchwalk.kernels import block_sparse_attention
 
 from .blockstats import exact_block_mass
 from .clock import StageTimer
-from .config import TOKEN_ESTIMATORS, SketchWalkConfig
+from .config import SketchWalkConfig
 from .methods import ScoreInputs
-from .score_basis import in_score_basis
 from .select import (
     BlockSelection,
     ForcedRule,
     budget_masks,
     select_blocks,
 )
-from .sketch import (
-    SRHT,
-    aggregate_heads,
-    block_logits,
-    block_means,
-    block_pool,
-    causal_block_softmax,
-    key_summary,
-    sample_positions,
-    sampled_block_mass,
-    score_dtype,
-    token_block_mass,
-)
+from .sketch import SRHT, QueryTokens, SketchedBlocks, aggregate_heads, block_pool
 from .step import StepMeta
 from .walk import walk
-
-
-@dataclass
-class SketchedBlocks:
-    """Sketched block sums of queries and keys: what decode keeps to grow A_l token by token."""
-
-    q_sum: torch.Tensor  # [B, H, n, r]
-    q_count: torch.Tensor  # [B, n]
-    k_sum: torch.Tensor  # [B, Hkv, n, r]
-    k_count: torch.Tensor  # [B, n]
-    k_sq: torch.Tensor | None = None  # [B, Hkv, n, r] sums of squared sketched keys ("query")
 
 
 @dataclass
@@ -70,35 +46,6 @@ def key_span(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     start = torch.where(valid, pos, length).min(dim=1).values
     end = torch.where(valid, pos + 1, 0).max(dim=1).values
     return start, end
-
-
-@dataclass
-class QueryTokens:
-    """Sketched queries [B, H, L, r] at ascending absolute positions pos [L], for the
-    token-level estimators; valid [B, L] marks real ones. keys/key_valid: every sketched key
-    [B, Hkv, Lk, r] and its validity [B, Lk] (the "sampled" estimator in a prefill)."""
-
-    qs: torch.Tensor
-    valid: torch.Tensor
-    pos: torch.Tensor
-    keys: torch.Tensor | None = None
-    key_valid: torch.Tensor | None = None
-
-    @classmethod
-    def sampled(
-        cls,
-        qs: torch.Tensor,
-        valid: torch.Tensor,
-        offset: int,
-        cfg: SketchWalkConfig,
-        sketch: SRHT | None = None,
-    ) -> QueryTokens:
-        """Keep cfg.query_samples evenly spaced queries per block (all with 0); sketch: qs are
-        raw queries, sketched once kept (an eighth of them with 4 samples per 32-token block)."""
-        pos = sample_positions(qs.shape[2], cfg.block_size, cfg.query_samples, offset)
-        idx = (pos - offset).to(qs.device)
-        kept = qs.index_select(2, idx)
-        return cls(kept if sketch is None else sketch(kept), valid.index_select(1, idx), pos)
 
 
 def sketch_blocks(
@@ -126,7 +73,7 @@ def sketch_blocks(
     q_sum, count = block_pool(q, block_size, pool_valid)
     qt = QueryTokens.sampled(q, valid, 0, tokens, srht)
     q_sum = srht(q_sum)
-    if tokens.estimator == "sampled":
+    if tokens.estimator_spec.needs_keys:
         qt.keys, qt.key_valid = ks, valid
     return SketchedBlocks(q_sum, count, k_sum, count.clone(), k_sq), qt  # counts grow apart
 
@@ -138,39 +85,10 @@ def transition(
     cfg: SketchWalkConfig,
     tokens: QueryTokens | None = None,
 ) -> torch.Tensor:
-    """A [B, G, rows, n] for the query blocks q_blocks from sketched block sums (or, with a
-    token-level estimator and the rows' sketched queries, from every scored query). The
-    "sampled" estimator needs every sketched key (a prefill); without them (decode, queries after
-    a cache) it falls back to the token-query estimate from the block sums."""
-    if tokens is not None and tokens.keys is not None:
-        qs, keys = in_score_basis(
-            tokens.qs, tokens.valid, tokens.keys, tokens.key_valid, cfg.score_rank
-        )
-        dtype = score_dtype(cfg.score_dtype, qs.device)
-        if choose_backend(qs.device) == "triton":  # a GPU (or its interpreter): one launch
-            from sketchwalk.kernels.triton_block_mass import pooled_block_mass_triton
-
-            pooled = pooled_block_mass_triton(
-                qs, tokens.valid, tokens.pos, keys, tokens.key_valid, cfg.block_size, dim,
-                cfg.tau, cfg.pool, dtype,
-            )  # fmt: skip
-            return aggregate_heads(pooled[:, :, None], cfg.per_group, cfg.pool)
-        probs = sampled_block_mass(
-            qs, tokens.valid, tokens.pos, keys, tokens.key_valid, cfg.block_size, dim, cfg.tau,
-            pool=cfg.pool, dtype=dtype,
-        )  # fmt: skip
-        return aggregate_heads(probs, cfg.per_group, cfg.pool)
-    if tokens is not None and cfg.estimator in TOKEN_ESTIMATORS:
-        km, kvar = key_summary(sk.k_sum, sk.k_sq, sk.k_count)
-        probs = token_block_mass(
-            tokens.qs, tokens.valid, tokens.pos, km, kvar, sk.k_count, cfg.block_size, dim,
-            cfg.tau, pool=cfg.pool,
-        )  # fmt: skip
-        return aggregate_heads(probs, cfg.per_group, cfg.pool)
-    qm = block_means(sk.q_sum[:, :, q_blocks], sk.q_count[:, q_blocks])
-    km = block_means(sk.k_sum, sk.k_count)
-    logits = block_logits(qm, km, dim, cfg.tau)
-    probs = causal_block_softmax(logits, sk.k_count > 0, q_blocks)
+    """A [B, G, rows, n] for the query blocks q_blocks: the config's estimator
+    (engine/estimators) over the sketched block sums (and the rows' scored queries, where the
+    estimator keeps them), its heads pooled."""
+    probs = cfg.estimator_spec.prefill(sk, q_blocks, dim, cfg, tokens)
     return aggregate_heads(probs, cfg.per_group, cfg.pool)
 
 
@@ -236,15 +154,12 @@ def sparse_attention(
     passes one list per tile, the union of its rows' lists: the same attention (causality trims
     each row), in longer kernel calls."""
     b, tile = cfg.block_size, cfg.rows_per_list
-    index, count, query_block = sel.block_index, sel.block_count, None
+    lists = sel.lists(b).starting_at(seq_start)
     if tile > 1 and q.shape[2] == k.shape[2]:
         nk = -(-k.shape[2] // b)
         # a tile's union holds at most tile x the longest row list: a width known on the host
-        index, count = tiles_of_rows(index, count, tile, nk, width=tile * index.shape[-1])
-        query_block = tile * b
-    return block_sparse_attention(
-        q, k, v, index, count, b, True, scale, seq_start, backend=backend, query_block=query_block
-    )
+        lists = lists.tiled(tile, nk, width=tile * lists.index.shape[-1])
+    return block_sparse_attention(q, k, v, lists, True, scale, backend)
 
 
 def prefill_plan(
@@ -275,7 +190,7 @@ def prefill_plan(
     scale = d**-0.5 if scale is None else scale
     timer = StageTimer(q.device)
     rows = torch.arange(n, device=q.device)
-    tokens = cfg if cfg.estimator in TOKEN_ESTIMATORS else None
+    tokens = cfg if cfg.estimator_spec.keeps_tokens else None
     sk, qt = timer.run(
         "sketch", lambda: sketch_blocks(q, k, srht, b, valid, tokens, padded=step.padded)
     )

@@ -155,8 +155,8 @@ class RunRequest:
         )
 
     def check_kernels(self, device: object) -> None:
-        """The block size and dtype against the limits of the kernels `device` runs (kernels/
-        LIMITS): on CUDA the Triton kernels need power-of-two blocks >= 16."""
+        """The block size and dtype against the limits of the kernels `device` runs
+        (kernels/backends.py): on CUDA the Triton kernels need power-of-two blocks >= 16."""
         from sketchwalk.kernels import limits_error
 
         why = limits_error(str(device), self.config.block_size, self.dtype)

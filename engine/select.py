@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sketchwalk.kernels import selected_block_mask
+from sketchwalk.kernels import BlockLists, selected_block_mask
 from sketchwalk.kernels.block_lists import block_lists
 
 
@@ -40,6 +40,12 @@ class BlockSelection:
     @property
     def density(self) -> float:
         return float(self.kept) / max(float(self.candidates), 1.0)
+
+    def lists(self, block_size: int) -> BlockLists:
+        """The kernels' view of this selection (kernels/lists.py): one list per query block.
+        It holds this selection's index tensor itself, so a kernel that keeps state for a
+        selection across decode steps can tell it by identity."""
+        return BlockLists(self.block_index, self.block_count, block_size)
 
 
 @dataclass(frozen=True)

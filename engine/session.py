@@ -13,11 +13,11 @@ import contextlib
 import contextvars
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from sketchwalk.kernels import choose_backend, decode_attention, decode_cache
+from sketchwalk.kernels import backend_for
 
 from .clock import now_ms
 from .config import SketchWalkConfig
@@ -33,11 +33,29 @@ from .dense import dense_attention, key_validity
 from .layer_profile import layer_densities
 from .pipeline import Plan, layer_exact, prefill_plan, sparse_attention
 from .recorder import LayerStep, Recorder
+from .select import BlockSelection
 from .sketch import SRHT, make_srht
 from .step import StepMeta
 from .threads import one_thread
 
 Exact = torch.Tensor | None  # a layer step's exact block mass, where it was computed
+Outcome = tuple[Plan | None, torch.Tensor, float]  # a layer step's plan, output and its ms
+
+
+@dataclass(frozen=True)
+class LayerCall:
+    """One layer's attention call as the hook hands it over, with what the session read off it:
+    phase (prefill, decode or chunk, from the cache) and key_valid [B, Lk] (from the mask)."""
+
+    phase: str
+    layer: int
+    q: torch.Tensor  # [B, H, Lq, d]
+    k: torch.Tensor  # [B, Hkv, Lk, d], the cache's keys with the new ones
+    v: torch.Tensor
+    mask: torch.Tensor | None
+    key_valid: torch.Tensor
+    scale: float
+
 
 # called as each layer starts, (phase, step, layer): where the sequence is, not a progress report
 # (the runner turns it into one; see sketchwalk/progress.py)
@@ -111,7 +129,9 @@ class Session:
         kept, cand = float(kept), float(cand)  # tensors on the device until read here
         return kept / cand if cand else None
 
-    def _count(self, phase: str, kept, cand, sparse: bool) -> None:
+    def _count(
+        self, phase: str, kept: int | torch.Tensor, cand: int | torch.Tensor, sparse: bool
+    ) -> None:
         """Tallies of kept and causal pairs: ints, or 0-dim tensors a selection counted on its
         device (summed there, read once by density())."""
         c = self.counts.setdefault("prefill" if phase == "chunk" else phase, [0, 0, 0, 0])
@@ -121,7 +141,9 @@ class Session:
         c[2] += kept
         c[3] += cand
 
-    def _key_validity(self, mask, bsz: int, lk: int, device: torch.device) -> torch.Tensor:
+    def _key_validity(
+        self, mask: torch.Tensor | None, bsz: int, lk: int, device: torch.device
+    ) -> torch.Tensor:
         """key_validity, but without a mask the all-true [B, Lk] is built once per step, not
         once per layer (a decode step is bound by the number of small ops)."""
         if mask is not None:
@@ -136,7 +158,15 @@ class Session:
 
     # ---- the attention entry, one layer at a time ----
 
-    def attend(self, layer: int, q, k, v, mask, scale: float) -> torch.Tensor:
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        scale: float,
+    ) -> torch.Tensor:
         bsz, _, lq, _ = q.shape
         lk = k.shape[2]
         phase = phase_of(lk - lq, lq)  # the cache hands over its keys with the new ones
@@ -147,13 +177,15 @@ class Session:
             self.meta = StepMeta.of(mask, key_valid)
         if self.on_layer is not None:
             self.on_layer(phase, self.step, layer)
-        exact, exact_rec = self._exact(phase, layer, q, k, key_valid, scale)
+        call = LayerCall(phase, layer, q, k, v, mask, key_valid, scale)
+        exact, exact_rec = self._exact(call)
+        plan: Plan | None
         if phase == "prefill":
-            plan, out, ms = self._prefill(layer, q, k, v, mask, key_valid, scale, exact)
+            plan, out, ms = self._prefill(call, exact)
         elif phase == "decode" and layer in self.decode_states:
-            plan, out, ms = self._decode(layer, q, k, v, mask, key_valid, scale, exact)
+            plan, out, ms = self._decode(call, exact)
         elif phase == "chunk" and layer in self.decode_states:
-            plan, out, ms = self._chunk(layer, q, k, v, mask, key_valid, scale)
+            plan, out, ms = self._chunk(call)
         else:
             if phase == "chunk" and not self.cfg.is_dense_layer(layer):
                 warnings.warn(
@@ -162,9 +194,9 @@ class Session:
                     stacklevel=2,
                 )
             plan = None
-            out, ms = self._dense(phase, q, k, v, mask, scale)
+            out, ms = self._dense(call)
         if self.recorder is not None and self.recorder.observes(phase):
-            self._observe(phase, layer, plan, exact_rec, q, k, v, mask, key_valid, scale, ms)
+            self._observe(call, plan, exact_rec, ms)
         return out
 
     def _begin(self, phase: str) -> None:
@@ -176,122 +208,121 @@ class Session:
         else:  # a chunk after a cache: its own walk across layers
             self.chunk_walk = None
 
-    def _exact(self, phase, layer, q, k, key_valid, scale) -> tuple[Exact, Exact]:
+    def _exact(self, call: LayerCall) -> tuple[Exact, Exact]:
         """The exact block mass of this layer step, computed here only: (for a method that
         selects on it, the whole batch pooled as the config pools; for the recorder, the mean
         mass of batch element 0). One pass serves both where they agree (pool "mean")."""
-        cfg = self.cfg
-        if phase == "prefill":
-            selects = cfg.sparse_in("prefill") and not cfg.is_dense_layer(layer)
+        cfg, q, k, kv, scale = self.cfg, call.q, call.k, call.key_valid, call.scale
+        if call.phase == "prefill":
+            selects = cfg.sparse_in("prefill") and not cfg.is_dense_layer(call.layer)
         else:
-            selects = phase == "decode" and layer in self.decode_states
+            selects = call.phase == "decode" and call.layer in self.decode_states
         chosen = None
         if selects and cfg.method_spec.needs_exact:
-            chosen = layer_exact(q, k, key_valid, scale, cfg)
+            chosen = layer_exact(q, k, kv, scale, cfg)
         rec = self.recorder
-        if rec is None or not rec.observes(phase) or not rec.wants_exact(k.shape[2]):
+        if rec is None or not rec.observes(call.phase) or not rec.wants_exact(k.shape[2]):
             return chosen, None
         if chosen is not None and cfg.pool == "mean":
             return chosen, chosen
-        return chosen, layer_exact(q[:1], k[:1], key_valid[:1], scale, cfg, pool="mean")
+        return chosen, layer_exact(q[:1], k[:1], kv[:1], scale, cfg, pool="mean")
 
-    def _observe(self, phase, layer, plan, exact, q, k, v, mask, key_valid, scale, ms) -> None:
+    def _observe(self, call: LayerCall, plan: Plan | None, exact: Exact, ms: float) -> None:
         """The recorder's one call site: what this layer step decided, read-only."""
+        assert self.recorder is not None
         sparse = plan is not None and plan.selection is not None
         timings = dict(plan.timings if plan is not None else {}, attention=ms)
         if not sparse:
             timings["dense"] = ms
         elif self.recorder.options.time_dense:
-            t0 = now_ms(q.device)
-            dense_attention(q, k, v, mask, scale)
-            timings["dense"] = now_ms(q.device) - t0
+            t0 = now_ms(call.q.device)
+            dense_attention(call.q, call.k, call.v, call.mask, call.scale)
+            timings["dense"] = now_ms(call.q.device) - t0
         self.recorder.record(
             LayerStep(
-                phase=phase,
+                phase=call.phase,
                 step=self.step,
-                layer=layer,
+                layer=call.layer,
                 plan=plan,
                 exact=exact,
-                q=q,
-                k=k,
-                key_valid=key_valid,
-                scale=scale,
+                q=call.q,
+                k=call.k,
+                key_valid=call.key_valid,
+                scale=call.scale,
                 block_size=self.cfg.block_size,
-                density_target=self.cfg_for(layer).density if sparse else None,
+                density_target=self.cfg_for(call.layer).density if sparse else None,
                 timings=timings,
             )
         )
 
-    def _prefill(self, layer, q, k, v, mask, key_valid, scale, exact):
-        cfg = self.cfg_for(layer)
-        sparse = cfg.sparse_in("prefill") and not cfg.is_dense_layer(layer)
-        for_decode = cfg.sparse_in("decode") and not cfg.is_dense_layer(layer)
+    def _prefill(self, call: LayerCall, exact: Exact) -> Outcome:
+        cfg = self.cfg_for(call.layer)
+        sparse = cfg.sparse_in("prefill") and not cfg.is_dense_layer(call.layer)
+        for_decode = cfg.sparse_in("decode") and not cfg.is_dense_layer(call.layer)
         plan: Plan | None = None
         if sparse or for_decode or (self.recorder is not None and cfg.method != "dense"):
+            srht = self.srht(call.layer, call.q.shape[-1], call.q.device)
             plan = prefill_plan(
-                q,
-                k,
+                call.q,
+                call.k,
                 cfg,
-                self.srht(layer, q.shape[-1], q.device),
+                srht,
                 self.walk_prev,
-                key_valid,
-                scale,
+                call.key_valid,
+                call.scale,
                 select=sparse,
                 exact=exact,
                 step=self.meta,
             )
-            for stage, ms in plan.timings.items():
-                self._time(stage, ms)
+            self._time_stages(plan)
             if plan.w is not None:
                 self.walk_prev = plan.w
             if for_decode:
-                self.decode_states[layer] = start_decode(
-                    plan, q, self.srht(layer, q.shape[-1], q.device), cfg, layer
-                )
-        if not sparse:
-            return (plan, *self._dense("prefill", q, k, v, mask, scale))
-        return (plan, *self._sparse("prefill", layer, plan, q, k, v, mask, key_valid, scale))
+                self.decode_states[call.layer] = start_decode(plan, call.q, srht, cfg, call.layer)
+        if not sparse or plan is None:
+            return (plan, *self._dense(call))
+        return (plan, *self._sparse(call, plan))
 
-    def _chunk(self, layer, q, k, v, mask, key_valid, scale):
+    def _chunk(self, call: LayerCall) -> Outcome:
         """Queries after a cache (chunked prefill, a later turn): the layer's decode state takes
         the new tokens, the chunk's rows are walked and selected like a prefill's (and counted
         with it). The queries are front-padded to a block boundary so that kernel tiles are whole
         blocks; the pad is cut. Not recorded: a run's records are its prefill and decode steps."""
-        cfg = self.cfg_for(layer)
+        cfg = self.cfg_for(call.layer)
+        q, k = call.q, call.k
         lq, lk = q.shape[2], k.shape[2]
-        sparse = cfg.sparse_in("prefill") and not cfg.is_dense_layer(layer)
+        sparse = cfg.sparse_in("prefill") and not cfg.is_dense_layer(call.layer)
         if sparse and not cfg.method_spec.chunks:
             warnings.warn(
                 f"sketch_walk: {cfg.method} runs dense on queries after a cache", stacklevel=2
             )
             sparse = False
-        srht = self.srht(layer, q.shape[-1], q.device)
-        st = self.decode_states[layer]
+        srht = self.srht(call.layer, q.shape[-1], q.device)
+        st = self.decode_states[call.layer]
         plan = chunk_step(
-            st, q, k[:, :, -lq:], lk, cfg, srht, key_valid, self.chunk_walk, sparse, self.meta
+            st, q, k[:, :, -lq:], lk, cfg, srht, call.key_valid, self.chunk_walk, sparse, self.meta
         )
-        for stage, ms in plan.timings.items():
-            self._time(stage, ms)
+        self._time_stages(plan)
         if not sparse:
-            return (None, *self._dense("chunk", q, k, v, mask, scale))
+            return (None, *self._dense(call))
         self.chunk_walk = plan.w
         pad = (lk - lq) % cfg.block_size
-        q_aligned = torch.nn.functional.pad(q, (0, 0, pad, 0))
-        out, ms = self._sparse("chunk", layer, plan, q_aligned, k, v, mask, key_valid, scale)
+        aligned = replace(call, q=torch.nn.functional.pad(q, (0, 0, pad, 0)))
+        out, ms = self._sparse(aligned, plan)
         return plan, out[:, :, pad:], ms
 
-    def _decode(self, layer, q, k, v, mask, key_valid, scale, exact):
-        with one_thread(q.device):  # dozens of tiny ops: see engine/threads.py
-            return self._decode_layer(layer, q, k, v, mask, key_valid, scale, exact)
+    def _decode(self, call: LayerCall, exact: Exact) -> Outcome:
+        with one_thread(call.q.device):  # dozens of tiny ops: see engine/threads.py
+            return self._decode_layer(call, exact)
 
-    def _decode_layer(self, layer, q, k, v, mask, key_valid, scale, exact):
-        cfg = self.cfg_for(layer)
-        st = self.decode_states[layer]
-        srht = self.srht(layer, q.shape[-1], q.device)
+    def _decode_layer(self, call: LayerCall, exact: Exact) -> Outcome:
+        cfg = self.cfg_for(call.layer)
+        st = self.decode_states[call.layer]
+        q, k = call.q, call.k
+        srht = self.srht(call.layer, q.shape[-1], q.device)
+        key_valid = None if call.mask is None else call.key_valid
         if reusable(st, k.shape[2], cfg, cfg.decode_reselect):
-            plan = decode_reuse(
-                st, q, k[:, :, -1:], k.shape[2], cfg, srht, None if mask is None else key_valid
-            )
+            plan = decode_reuse(st, q, k[:, :, -1:], k.shape[2], cfg, srht, key_valid)
             self.decode_reused += 1
         else:
             plan = decode_step(
@@ -301,77 +332,69 @@ class Session:
                 k.shape[2],
                 cfg,
                 srht,
-                key_valid,
+                call.key_valid,
                 exact,
                 keys=k,
-                scale=scale,
-                all_valid=mask is None,
+                scale=call.scale,
+                all_valid=call.mask is None,
                 step=self.meta,
             )
+        self._time_stages(plan)
+        return (plan, *self._sparse(call, plan))
+
+    def _time_stages(self, plan: Plan) -> None:
         for stage, ms in plan.timings.items():
             self._time(stage, ms)
-        return (plan, *self._sparse("decode", layer, plan, q, k, v, mask, key_valid, scale))
 
-    def _sparse(self, phase, layer, plan: Plan, q, k, v, mask, key_valid, scale):
+    def _sparse(self, call: LayerCall, plan: Plan) -> tuple[torch.Tensor, float]:
         """The kept blocks through the kernel; returns the output and its time in ms."""
         sel = plan.selection
+        assert sel is not None and self.meta is not None
+        q = call.q
         padded = self.meta.padded  # read once per step, at layer 0
-        seq_start = key_valid.float().argmax(dim=1) if padded else None
+        seq_start = call.key_valid.float().argmax(dim=1) if padded else None
         t0 = now_ms(q.device)
         out = None
-        if phase == "decode" and self.cfg.decode_reselect != 1:
-            out = self._decode_gathered(layer, sel, q, k, v, scale, seq_start)
+        if call.phase == "decode" and self.cfg.decode_reselect != 1:
+            out = self._decode_kept(call, sel, seq_start)
         if out is None:
-            out = sparse_attention(self.cfg, sel, q, k, v, scale, seq_start, self.kernel_backend)
+            out = sparse_attention(
+                self.cfg, sel, q, call.k, call.v, call.scale, seq_start, self.kernel_backend
+            )
         ms = now_ms(q.device) - t0
         self._time("attention", ms)
-        self._count(phase, sel.kept, sel.candidates, sparse=True)
+        self._count(call.phase, sel.kept, sel.candidates, sparse=True)
         return out, ms
 
-    def _decode_gathered(self, layer, sel, q, k, v, scale, seq_start) -> torch.Tensor | None:
-        """Decode with a selection kept across steps: its K/V gathered once (kernels/decode_cache);
-        None where that path does not apply (then the stateless kernel runs)."""
-        st = self.decode_states.get(layer)
-        if st is None or choose_backend(q.device, self.kernel_backend) != "cpu":
-            return None
-        if decode_attention.applies(q, k, v):  # C reads the listed rows in place: nothing to keep
-            return None
-        if not decode_cache.supports(q, k, sel.block_index.shape[1], seq_start):
+    def _decode_kept(
+        self, call: LayerCall, sel: BlockSelection, seq_start: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """Decode with a selection kept across steps, through the backend's DecodeKeeper
+        (kernels/backends.py; the CPU's gathers its K/V once); None where the backend keeps
+        nothing (then the stateless kernel runs)."""
+        st = self.decode_states.get(call.layer)
+        keeper = backend_for(call.q.device, self.kernel_backend).decode
+        if st is None or keeper is None:
             return None
         b = self.cfg.block_size
-        cur = (k.shape[2] - 1) // b
-        g = st.gathered
-        if g is not None and g.source is st.extended_from and g.cur == cur - 1:
-            g = decode_cache.advance(g, k, v, source=sel)  # the kept lists crossed a block
-        if g is None or g.source is not sel or g.cur != cur:
-            try:
-                g = decode_cache.gather(
-                    k,
-                    v,
-                    sel.block_index,
-                    sel.block_count,
-                    b,
-                    k.shape[2],
-                    sel,
-                    heads=q.shape[1],
-                    room=2 + -(-self.cfg.decode_reselect // b),  # blocks it may cross
-                )
-            except ValueError:
-                st.gathered = None
-                return None
-            st.gathered = g
-        return decode_cache.attend(g, q, k, v, scale)
+        lists = sel.lists(b).starting_at(seq_start)
+        prev = None if st.extended_from is None else st.extended_from.lists(b)
+        room = 2 + -(-self.cfg.decode_reselect // b)  # blocks it may cross
+        q, k, v = call.q, call.k, call.v
+        st.gathered = keeper.plan(st.gathered, q, k, v, lists, prev, room)
+        return None if st.gathered is None else keeper.run(st.gathered, q, k, v, call.scale)
 
-    def _dense(self, phase, q, k, v, mask, scale):
+    def _dense(self, call: LayerCall) -> tuple[torch.Tensor, float]:
         """Dense attention; returns the output and its time in ms."""
+        q, k = call.q, call.k
         t0 = now_ms(q.device)
-        out = dense_attention(q, k, v, mask, scale)
+        out = dense_attention(q, k, call.v, call.mask, call.scale)
         ms = now_ms(q.device) - t0
         self._time("attention", ms)
         nq = -(-q.shape[2] // self.cfg.block_size)
         nk = -(-k.shape[2] // self.cfg.block_size)
         cand = nk if q.shape[2] == 1 else nq * (nq + 1) // 2  # causal pairs (unpadded estimate)
-        self._count(phase, cand, cand, sparse=False)
+        self._count(call.phase, cand, cand, sparse=False)
         return out, ms
 
 

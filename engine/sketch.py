@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..kernels.block_softmax import block_softmax_sums, pack_keys, scored_block_mass
 from ..kernels.hadamard import srht_rows
-from ..kernels.native import library
-from ..kernels.parts import run_in_parts, workers
+
+if TYPE_CHECKING:
+    from .config import SketchWalkConfig
 
 # index_reduce_ is marked beta (a one-time UserWarning); its "amax" is what max pooling needs and
 # runs as fast as index_add_ on these shapes (scatter_reduce_ was ~20x slower)
@@ -264,15 +265,6 @@ def aggregate_heads(probs: torch.Tensor, per_group: bool, pool: str = "mean") ->
     return torch.where(total > 0, agg / total.clamp(min=1e-30), agg)
 
 
-# ---- the token-query estimator -------------------------------------------------------------
-# A block's attention mass is a log-sum-exp over its token pairs, dominated by its largest
-# scores; pooling the queries of a block washes out the queries that each look somewhere else
-# (copying and induction heads). This estimator keeps every sketched query and summarises each
-# key block by its mean and per-coordinate variance: for scores s = c q.k with k ~ N(mean, var),
-# log sum_k exp(s) ~ log count + c q.mean + c^2/2 sum_d q_d^2 var_d. Each query's softmax over
-# key blocks is averaged over the queries of its block. Cost: L x n x r per head, 1/b of QK^T.
-
-
 def key_summary(
     k_sum: torch.Tensor, k_sq: torch.Tensor | None, k_count: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -283,44 +275,7 @@ def key_summary(
     return km, (block_means(k_sq, k_count) - km * km).clamp(min=0.0)
 
 
-def token_block_logits(
-    qs: torch.Tensor,
-    km: torch.Tensor,
-    kvar: torch.Tensor | None,
-    k_count: torch.Tensor,
-    dim: int,
-    tau: float,
-) -> torch.Tensor:
-    """Log-sum-exp estimates [B, Hkv, G, L, n] of each sketched query qs [B, H, L, r] over the
-    keys of each block (mean + half the variance + log of the block's real key count), as one
-    matmul of [q, q^2, 1] against [c mean, c^2/2 var, log count] per KV head (the query heads
-    of a KV head are rows of one matrix, so the keys are never repeated)."""
-    return token_logits(qs, token_keys(km, kvar, k_count, dim, tau), kvar is not None)
-
-
-def token_keys(
-    km: torch.Tensor, kvar: torch.Tensor | None, k_count: torch.Tensor, dim: int, tau: float
-) -> torch.Tensor:
-    """The key side of token_block_logits, [B, Hkv, n, r (+ r) + 1]: [c mean, c^2/2 var, log
-    count] per key block. Row j depends on block j's sums only (decode keeps it per block)."""
-    c = dim**-0.5 / tau
-    bsz, hkv, n = km.shape[0], km.shape[1], km.shape[2]
-    log_count = k_count.clamp(min=1.0).log().view(bsz, 1, n, 1).expand(bsz, hkv, n, 1)
-    return torch.cat([km * c, *([kvar * (0.5 * c * c)] if kvar is not None else []), log_count], -1)
-
-
-def token_logits(qs: torch.Tensor, keys: torch.Tensor, squares: bool) -> torch.Tensor:
-    """token_block_logits from the key side `keys` [B, Hkv, n, f] (token_keys): [B, Hkv, G, L, n]."""
-    bsz, hkv, n = keys.shape[0], keys.shape[1], keys.shape[2]
-    qg = group_queries(qs, hkv)  # [B, Hkv, G, L, r]
-    ones = torch.ones(*qg.shape[:-1], 1, device=qs.device, dtype=qg.dtype)
-    queries = torch.cat([qg, *([qg * qg] if squares else []), ones], -1)
-    gh, length = qg.shape[2], qg.shape[3]
-    out = queries.view(bsz, hkv, gh * length, -1) @ keys.transpose(-1, -2)
-    return out.view(bsz, hkv, gh, length, n)
-
-
-def _mean_per_row(sums: torch.Tensor, row: torch.Tensor, q_valid: torch.Tensor) -> torch.Tensor:
+def mean_per_row(sums: torch.Tensor, row: torch.Tensor, q_valid: torch.Tensor) -> torch.Tensor:
     """Sums [B, Hkv, G, R, n] over scored queries -> their mean per row; row [L] is each query's
     row, q_valid [B, L] its realness (rows without a real scored query stay zero)."""
     count = torch.zeros(sums.shape[0], sums.shape[3], device=sums.device)
@@ -340,223 +295,41 @@ def sample_positions(length: int, block_size: int, samples: int, offset: int = 0
     return pos[keep]
 
 
-def token_block_mass(
-    qs: torch.Tensor,
-    q_valid: torch.Tensor,
-    pos: torch.Tensor,
-    km: torch.Tensor,
-    kvar: torch.Tensor | None,
-    k_count: torch.Tensor,
-    block_size: int,
-    dim: int,
-    tau: float,
-    chunk_elems: int = 1 << 20,
-    pool: str = "mean",
-) -> torch.Tensor:
-    """Estimated block mass [B, Hkv, G, R, n] for the query blocks from pos[0] // b to
-    pos[-1] // b, from sketched queries qs [B, H, L, r] at ascending positions pos [L]
-    (q_valid [B, L] real queries); a block's estimate is the mean over its scored queries, or
-    with pool "max" each key block's largest mass among them.
+@dataclass
+class SketchedBlocks:
+    """Sketched block sums of queries and keys: what decode keeps to grow A_l token by token."""
 
-    Each query sees the key blocks before its own and, in its own block, only the keys up to
-    itself (the log-count of the diagonal block is that of the visible keys). Query chunks keep
-    the logits bounded and only score the key blocks their last query can see."""
-    bsz, h, length, r = qs.shape
-    b = block_size
-    n = km.shape[2]
-    blk_host = pos.cpu() // b  # positions are host values: their blocks sized without a sync
-    pos = pos.to(qs.device)
-    blk_all = pos // b
-    j0 = int(blk_host[0])
-    rows = int(blk_host[-1]) - j0 + 1
-    out = torch.zeros(bsz, km.shape[1], h // km.shape[1], rows, n, device=qs.device)
-    has = k_count > 0
-    cols = torch.arange(n, device=qs.device)
-    step = max(1, chunk_elems // max(h * n * bsz, 1))
-    for s in range(0, length, step):  # sums per block, so chunks need not align to blocks
-        e = min(length, s + step)
-        blk = blk_all[s:e]
-        nk = int(blk_host[e - 1]) + 1  # no query of this chunk sees past its last block
-        logits = token_block_logits(
-            qs[:, :, s:e], km[:, :, :nk], None if kvar is None else kvar[:, :, :nk],
-            k_count[:, :nk], dim, tau,
-        )  # fmt: skip
-        # own block: only the keys up to the query are visible
-        seen = (pos[s:e] % b + 1).float()[None, :].minimum(k_count[:, blk])  # [B, c]
-        fix = seen.clamp(min=1.0).log() - k_count[:, blk].clamp(min=1.0).log()
-        idx = blk.view(1, 1, 1, -1, 1).expand(*logits.shape[:4], 1)
-        logits.scatter_add_(-1, idx, fix.view(bsz, 1, 1, -1, 1).expand_as(idx))
-        hidden = (cols[None, :nk] > blk[:, None])[None] | ~has[:, None, :nk]  # [B, c, nk]
-        logits.masked_fill_(hidden[:, None, None], float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        # rows that see no block (padding queries) are NaN: they, and every padding query, add 0
-        probs.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)
-        pool_into(out[..., :nk], 3, blk_host[s:e] - j0, probs, pool)
-    return out if pool == "max" else _mean_per_row(out, blk_all - j0, q_valid)
+    q_sum: torch.Tensor  # [B, H, n, r]
+    q_count: torch.Tensor  # [B, n]
+    k_sum: torch.Tensor  # [B, Hkv, n, r]
+    k_count: torch.Tensor  # [B, n]
+    k_sq: torch.Tensor | None = None  # [B, Hkv, n, r] sums of squared sketched keys ("query")
 
 
-# ---- the sampled estimator ------------------------------------------------------------------
-# The block-mean and Gaussian summaries miss single keys that stand out inside a block (the
-# attention of a copying head lands on one token). Scoring a few queries per block against every
-# sketched key sees them: the block mass of those queries is exact in the sketched space, and
-# neighbouring queries attend alike, so a block's sampled queries stand for all of its queries.
-# Cost: (samples / b) of the dense score matrix, without the value product.
+@dataclass
+class QueryTokens:
+    """Sketched queries [B, H, L, r] at ascending absolute positions pos [L], for the
+    token-level estimators; valid [B, L] marks real ones. keys/key_valid: every sketched key
+    [B, Hkv, Lk, r] and its validity [B, Lk] (the "sampled" estimator in a prefill)."""
 
+    qs: torch.Tensor
+    valid: torch.Tensor
+    pos: torch.Tensor
+    keys: torch.Tensor | None = None
+    key_valid: torch.Tensor | None = None
 
-# A chunk scores its queries against the keys up to its last query: the keys past each earlier
-# query are computed and masked, on average half the chunk's span per query. At short contexts
-# the element budget alone made chunks span a fifth of the keys (2048 tokens: ~20% wasted); with
-# spans capped at lk / 16 the estimator ran 1.2-1.8x faster at 1-2k tokens, the same from 4k on.
-_CHUNK_SPAN = 16
-
-
-_SCORE_ELEMS = 1 << 21  # scores per chunk of the torch product: measured best here
-# The fused kernel writes block masses, not scores, and scores each tile of rows only up to its
-# own causal end, so its chunks need no span cap: at most this many masses (16 MB) a chunk, at
-# 7376 tokens one call per core instead of ~30 calls of ~30 queries.
-_FUSED_ELEMS = 1 << 22
-_PART_QUERIES = 32  # scored queries a thread must get to be worth starting
-
-
-def score_dtype(name: str, device: torch.device | str) -> torch.dtype:
-    """The dtype of the sampled estimator's score product for knob value `name`: "auto" is
-    bfloat16 on CUDA and on CPUs with oneDNN bfloat16 (AVX-512 and newer), where the product
-    alone ran ~6x faster than float32 (docs/speed.md); elsewhere emulated bfloat16 can be
-    slower than float32, so "auto" keeps float32 there."""
-    if name != "auto":
-        return getattr(torch, name)
-    if torch.device(device).type == "cuda":
-        return torch.bfloat16
-    native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)  # private: may go
-    return torch.bfloat16 if native is not None and native() else torch.float32
-
-
-def _chunk_queries(pos: torch.Tensor, lk: int, row_elems: int, chunk_elems: int) -> int:
-    """Queries per chunk: at most chunk_elems score elements (row_elems per query), and
-    spanning at most lk / _CHUNK_SPAN positions, but never fewer than 16 queries (each chunk
-    costs a dozen small ops)."""
-    step = max(1, chunk_elems // max(row_elems, 1))
-    if pos.numel() > 1:
-        per_token = pos.numel() / (int(pos[-1]) - int(pos[0]) + 1)
-        step = min(step, max(16, int(lk / _CHUNK_SPAN * per_token)))
-    return step
-
-
-def sampled_block_mass(
-    qs: torch.Tensor,
-    q_valid: torch.Tensor,
-    pos: torch.Tensor,
-    ks: torch.Tensor,
-    k_valid: torch.Tensor,
-    block_size: int,
-    dim: int,
-    tau: float,
-    chunk_elems: int | None = None,
-    pool: str = "mean",
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Block mass [B, Hkv, G, R, n] for the query blocks pos[0] // b .. pos[-1] // b from the
-    sketched queries qs [B, H, S, r] at ascending positions pos [S] (q_valid [B, S]) against the
-    sketched keys ks [B, Hkv, Lk, r] at positions 0 .. Lk - 1 (k_valid [B, Lk], one span of
-    real keys per sequence, as padding makes it); each query sees
-    the real keys up to itself, a row's estimate is the mean over its scored queries, or with
-    pool "max" each key block's largest mass among them (padding queries count as 0). dtype:
-    of the score product (score_dtype); the softmax and the masses are float32. chunk_elems:
-    what one pass over a chunk of queries may hold (scores, or the fused kernel's block masses;
-    None: the measured defaults below)."""
-    bsz, h, length, r = qs.shape
-    hkv, lk = ks.shape[1], ks.shape[2]
-    gh, b = h // hkv, block_size
-    n = -(-lk // b)
-    c = dim**-0.5 / tau
-    blk_host = pos.cpu() // b  # positions are host values: their blocks sized without a sync
-    pos = pos.to(qs.device)
-    blk_all = pos // b
-    j0 = int(blk_host[0])
-    rows = int(blk_host[-1]) - j0 + 1
-    out = torch.zeros(bsz, hkv, gh, rows, n, device=qs.device)
-    # float32 on CPU: scores and block mass in one C call over keys packed in panels
-    # (kernels/block_softmax.py scored_block_mass: a layer's estimate 1.5x faster at 7k tokens
-    # than the product and the C softmax apart). Otherwise [B, Hkv, r, Lk], contiguous: a
-    # bfloat16 product over a key prefix of the transposed view copied the keys in every chunk
-    # (~1.7x slower)
-    fused = dtype == torch.float32 and qs.device.type == "cpu" and library() is not None
-    if fused:
-        keys = pack_keys(ks)
-    else:
-        keys = ks.transpose(-1, -2).to(dtype, memory_format=torch.contiguous_format)
-    # each sequence's real keys are one span (left or right padding): a query at p sees
-    # start .. min(p + 1, end) - 1
-    at = torch.arange(lk, device=qs.device)
-    start = torch.where(k_valid, at, lk).amin(1).view(bsz, 1, 1)
-    end = torch.where(k_valid, at + 1, 0).amax(1).view(bsz, 1, 1)
-    if fused:  # bounded by its output alone: every row tile's keys end at its own queries
-        step = max(1, (chunk_elems or _FUSED_ELEMS) // max(h * n * bsz, 1))
-    else:
-        step = _chunk_queries(pos, lk, h * lk * bsz, chunk_elems or _SCORE_ELEMS)
-
-    def score(s0: int, s1: int) -> None:
-        """Queries s0 .. s1 - 1, chunk by chunk, into their rows of out."""
-        for s in range(s0, s1, step):
-            chunk(s, min(s1, s + step))
-
-    def chunk(s: int, e: int) -> None:
-        p = pos[s:e]
-        kend = int(p[-1]) + 1  # no query of this chunk sees past itself
-        nkc = -(-kend // b)
-        qg = kv_rows(qs[:, :, s:e] * c, hkv).to(dtype)
-        # the softmax over each row's visible keys, summed per key block (kernels/block_softmax:
-        # in C on CPU, without writing the probabilities: ~half the estimator's time in torch)
-        hi = torch.minimum((p + 1).repeat(gh)[None, None], end)
-        if fused:
-            mass = scored_block_mass(qg, keys, start, hi, b, min(kend, lk))
-        else:
-            scores = qg @ keys[..., : min(kend, lk)]  # [B, Hkv, G * c, kend]
-            mass = block_softmax_sums(scores, start, hi, b)
-        mass = mass.view(bsz, hkv, gh, e - s, nkc)
-        if not bool(q_valid[:, s:e].all()):
-            mass.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)  # padding queries
-        pool_into(out[..., :nkc], 3, p // b - j0, mass, pool)
-
-    # on CPU, one part per core (kernels/parts.py: at 7k tokens 1.6x faster than every op on
-    # both cores); parts end at query blocks, so they add into disjoint rows of out
-    on_cpu = qs.device.type == "cpu"
-    cuts = _cuts_by_work(pos, b, workers(), _PART_QUERIES) if on_cpu else [0, length]
-    if len(cuts) > 2:
-        run_in_parts(score, cuts)
-    else:
-        score(0, length)
-    return out if pool == "max" else _mean_per_row(out, blk_all - j0, q_valid)
-
-
-def _cuts_by_work(pos: torch.Tensor, b: int, parts: int, min_len: int) -> list[int]:
-    """Bounds [0, ..., L] cutting L ascending query positions into `parts` runs of about equal
-    causal work (a query at p scores p + 1 keys), each ending at a query block; [0, L] when a
-    part would be shorter than min_len queries."""
-    length = pos.numel()
-    if parts < 2 or length < parts * min_len:
-        return [0, length]
-    work = (pos.cpu().double() + 1).cumsum(0)
-    blk = pos.cpu() // b
-    starts = torch.nonzero(blk[1:] != blk[:-1]).squeeze(1) + 1  # first query of each block
-    want = torch.searchsorted(work, work[-1] * torch.arange(1, parts) / parts)
-    at = torch.searchsorted(starts, want)
-    cuts = [int(starts[i]) for i in at.tolist() if i < starts.numel()]
-    return sorted({0, length, *cuts})
-
-
-def current_row_mass(
-    qs: torch.Tensor, ks: torch.Tensor, block_size: int, dim: int, tau: float, pool: str = "mean"
-) -> torch.Tensor:
-    """sampled_block_mass for decode's one row when every key is real: the queries qs [B, H, s, r]
-    all stand for the newest position, so each sees every key in ks [B, Hkv, Lk, r]; their block
-    masses [B, Hkv, G, 1, n] are averaged (pool "max": their largest per block). No causal
-    mask and no per-row scatter: at 7k tokens the generic path spent a quarter of its time
-    filling a padded copy of the scores."""
-    bsz, h, s = ks.shape[0], qs.shape[1], qs.shape[2]
-    hkv, lk = ks.shape[1], ks.shape[2]
-    gh, b = h // hkv, block_size
-    qg = kv_rows(qs * (dim**-0.5 / tau), hkv)
-    mass = block_softmax_sums(qg @ ks.transpose(-1, -2), 0, lk, b)  # [B, Hkv, G*s, n]
-    mass = mass.view(bsz, hkv, gh, s, -1)
-    return mass.amax(3, keepdim=True) if pool == "max" else mass.mean(3, keepdim=True)
+    @classmethod
+    def sampled(
+        cls,
+        qs: torch.Tensor,
+        valid: torch.Tensor,
+        offset: int,
+        cfg: SketchWalkConfig,
+        sketch: SRHT | None = None,
+    ) -> QueryTokens:
+        """Keep cfg.query_samples evenly spaced queries per block (all with 0); sketch: qs are
+        raw queries, sketched once kept (an eighth of them with 4 samples per 32-token block)."""
+        pos = sample_positions(qs.shape[2], cfg.block_size, cfg.query_samples, offset)
+        idx = (pos - offset).to(qs.device)
+        kept = qs.index_select(2, idx)
+        return cls(kept if sketch is None else sketch(kept), valid.index_select(1, idx), pos)

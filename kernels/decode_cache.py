@@ -26,7 +26,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .cpu import full_blocks
+from . import decode_attention
+from .cpu_common import full_blocks
+from .lists import BlockLists
 
 
 @dataclass
@@ -39,7 +41,7 @@ class GatheredKV:
     m: int  # gathered tokens
     cur: int  # the current (partial) key block: its tokens are copied in each step
     block_size: int
-    source: object  # the selection object it was built for (identity, not equality)
+    source: object  # the index tensor of the lists it was built for (identity, not equality)
     mask: torch.Tensor | None = None  # [1, H, 1, cap] -inf on padded slots of shorter lists
 
 
@@ -145,3 +147,48 @@ def attend(
     return F.scaled_dot_product_attention(
         q, gkv.k[:, :, :end], gkv.v[:, :, :end], attn_mask=mask, scale=scale, enable_gqa=True
     )
+
+
+class Keeper:
+    """The CPU backend's DecodeKeeper (kernels/backends.py): a selection's K/V gathered once and
+    kept while the session reuses it. Lists are told apart by their index tensor's identity: a
+    reused selection hands the same one each step, an extended one (engine/select.py
+    extend_selection) a new one whose predecessor is `extended_from`."""
+
+    def plan(
+        self,
+        previous: GatheredKV | None,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        lists: BlockLists,
+        extended_from: BlockLists | None,
+        room: int,
+    ) -> GatheredKV | None:
+        """The gathered K/V for these lists (advanced or gathered anew as needed); None where
+        the stateless kernel should run (C reads the rows in place, or `supports` says no)."""
+        if decode_attention.applies(q, k, v):  # C reads the listed rows in place: keep nothing
+            return None
+        if not supports(q, k, lists.groups, lists.seq_start):
+            return None
+        b = lists.block_size
+        cur = (k.shape[2] - 1) // b
+        g = previous
+        crossed = extended_from is not None and g is not None and g.source is extended_from.index
+        if crossed and g.cur == cur - 1:
+            g = advance(g, k, v, source=lists.index)  # the kept lists crossed a block
+        if g is None or g.source is not lists.index or g.cur != cur:
+            try:
+                heads = q.shape[1]
+                g = gather(k, v, lists.index, lists.count, b, k.shape[2], lists.index, heads, room)
+            except ValueError:
+                return None
+        return g
+
+    def run(
+        self, plan: GatheredKV, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        return attend(plan, q, k, v, scale)
+
+
+KEEPER = Keeper()

@@ -1,6 +1,6 @@
 """Exact block-sparse attention in plain torch: the oracle every fast kernel is tested against.
 
-Conventions shared by every kernel (see kernels/__init__.py for the entry point):
+Conventions shared by every kernel (the entry point: kernels/backends.py; the lists: kernels/lists.py):
 - q [B, H, Lq, D]; k, v [B, Hkv, Lk, D] with H % Hkv == 0 (grouped-query attention, K/V not repeated).
 - Queries are the last Lq positions of the Lk keys (Lq == Lk in prefill, Lq == 1 in decode).
 - Query block i is rows [i*b, (i+1)*b) of q; key block j is key positions [j*b, (j+1)*b).
@@ -15,7 +15,12 @@ Conventions shared by every kernel (see kernels/__init__.py for the entry point)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from .lists import BlockLists
 
 
 def selected_block_mask(
@@ -60,21 +65,19 @@ def block_sparse_attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    block_index: torch.Tensor,
-    block_count: torch.Tensor,
-    block_size: int,
+    lists: BlockLists,
     causal: bool = True,
     scale: float | None = None,
-    seq_start: torch.Tensor | None = None,
-    *,
-    query_block: int | None = None,
 ) -> torch.Tensor:
     """Materialises scores and the token mask in fp32: exact, slow, O(Lq * Lk) memory."""
     bsz, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
-    g = block_index.shape[1]
+    g = lists.groups
     scale = d**-0.5 if scale is None else scale
-    mask = token_mask(block_index, block_count, block_size, lq, lk, causal, seq_start, query_block)
+    mask = token_mask(
+        lists.index, lists.count, lists.block_size, lq, lk, causal, lists.seq_start,
+        lists.query_block,
+    )  # fmt: skip
     mask = mask.repeat_interleave(h // g, dim=1)  # [B,H,Lq,Lk]
     kf = k.float().repeat_interleave(h // hkv, dim=1)
     vf = v.float().repeat_interleave(h // hkv, dim=1)

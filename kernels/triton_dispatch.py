@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from .lists import BlockLists
 from .triton_configs import (
     PrefillConfig,
     autotune_enabled,
@@ -201,19 +202,17 @@ def block_sparse_attention_triton(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    block_index: torch.Tensor,
-    block_count: torch.Tensor,
-    block_size: int,
+    lists: BlockLists,
     causal: bool = True,
     scale: float | None = None,
-    seq_start: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
-    query_block: int | None = None,
 ) -> torch.Tensor:
     """Same contract as the reference; decode kernel for Lq == 1 (causal), prefill otherwise.
 
-    Query tiles (query_block rows per list) go to the prefill kernel as they are."""
+    Query tiles (lists.query_block rows per list) go to the prefill kernel as they are."""
+    block_index, block_count, block_size = lists.index, lists.count, lists.block_size
+    seq_start, query_block = lists.seq_start, lists.query_block
     tile = query_tile(block_size, query_block)
     dtype = q.dtype
     upcast = q.device.type != "cuda" and dtype == torch.bfloat16

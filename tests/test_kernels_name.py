@@ -1,5 +1,7 @@
 """Run from the checkout's root, the kernels/ folder must not hide the installed `kernels`
-distribution (Hugging Face's hub kernels, which transformers 5.25 on imports with a model)."""
+distribution (Hugging Face's hub kernels, which transformers 5.25 on imports with a model):
+imported under that name, the folder hands it over (kernels/handover.py), with no sys.path
+rewrite anywhere and whether or not sketchwalk was imported first."""
 
 from __future__ import annotations
 
@@ -10,15 +12,32 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-PROBE = """
+FIRST_TRANSFORMERS = """
 import sys
-sys.path.insert(0, {root!r})  # as `python -m` from the root does
-import sketchwalk
-import sketchwalk.kernels as ours
+assert sys.path[0] == ""  # python -c from the root: the root is found first
 import transformers.integrations.hub_kernels  # what loading a model imports: fails if shadowed
+import kernels
+import sketchwalk.kernels as ours
+print(kernels.__file__)
 print(ours.__file__)
-print(sys.modules["kernels"].__file__ if "kernels" in sys.modules else "-")
 """
+
+NO_DISTRIBUTION = """
+import sys
+sys.path[:] = [p for p in sys.path if "-packages" not in p]
+try:
+    import kernels
+except ModuleNotFoundError as e:
+    print(e.name, "|", e)
+assert "kernels" not in sys.modules and "kernels.handover" not in sys.modules
+"""
+
+
+def _run(code: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip().splitlines()
 
 
 def _installed(dist: str) -> bool:
@@ -29,16 +48,14 @@ def _installed(dist: str) -> bool:
     return True
 
 
-def test_the_root_on_the_path_leaves_the_kernels_name_to_the_distribution():
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE.format(root=str(ROOT))],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert Path(out[0]) == ROOT / "kernels" / "__init__.py"  # sketchwalk.kernels is still ours
-    if _installed("kernels"):
-        assert out[1] != "-" and Path(out[1]).parent != ROOT / "kernels"
-    else:
-        assert out[1] == "-"  # nothing to un-shadow: the name is left alone
+def test_from_the_root_the_kernels_name_is_the_distributions():
+    assert _installed("kernels")  # transformers 5.25 on requires it
+    theirs, ours = _run(FIRST_TRANSFORMERS)
+    assert Path(ours) == ROOT / "kernels" / "__init__.py"  # sketchwalk.kernels is still ours
+    assert ROOT / "kernels" not in Path(theirs).parents and "-packages" in theirs
+
+
+def test_without_the_distribution_the_folder_says_what_it_is():
+    (line,) = _run(NO_DISTRIBUTION)
+    name, message = line.split(" | ")
+    assert name == "kernels" and "sketchwalk.kernels" in message

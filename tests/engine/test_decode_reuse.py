@@ -211,10 +211,10 @@ def test_long_cache_decode_takes_the_one_gather_path_and_matches_the_reference_k
     native, monkeypatch
 ):
     """Re-selecting every token past the masked-cache length: the CPU kernel runs in C, or
-    without it gathers the selection's K/V in one go (kernels/cpu.py _decode_one_gather);
+    without it gathers the selection's K/V in one go (kernels/cpu_decode.py _decode_one_gather);
     outputs equal the reference kernel's on the same selections."""
     from sketchwalk.engine.session import Session
-    from sketchwalk.kernels import cpu
+    from sketchwalk.kernels import cpu_decode as cpu
 
     monkeypatch.setenv("SKETCHWALK_NATIVE", native)
     calls = []
@@ -249,8 +249,10 @@ def test_window_ring_and_block_estimates_equal_their_full_recomputation(window):
     it can be), and the cached per-block key estimates equal a full
     recomputation from the sums, bit for bit, across block starts, reused steps and a chunk; the
     window's kept logits equal one product against every block (float noise: other ops)."""
-    from sketchwalk.engine.decode import chunk_step, key_estimates, window_logits
-    from sketchwalk.engine.sketch import key_summary, token_keys, token_logits
+    from sketchwalk.engine.decode import chunk_step
+    from sketchwalk.engine.estimators.gaussian import token_keys, token_logits
+    from sketchwalk.engine.estimators.window import key_estimates, window_logits
+    from sketchwalk.engine.sketch import key_summary
 
     torch.manual_seed(window)
     d, t, block = 16, 70, 16

@@ -83,11 +83,10 @@ def test_blocks_the_triton_kernels_cannot_take_are_refused_for_cuda_in_one_line(
 
 def test_backend_limits_cover_every_backend_and_dtype():
     from sketchwalk.engine.request import DTYPE_NAMES
-    from sketchwalk.kernels import BACKENDS, LIMITS, BackendLimits
+    from sketchwalk.kernels import REGISTRY, BackendLimits
 
-    assert set(LIMITS) == set(BACKENDS) - {"auto"}
-    for limits in LIMITS.values():
-        assert all(limits.why_not(64, d) is None for d in DTYPE_NAMES)
+    for backend in REGISTRY.values():
+        assert all(backend.limits.why_not(64, d) is None for d in DTYPE_NAMES)
     strict = BackendLimits(min_block=16, power_of_two=True, dtypes=("float16",))
     assert strict.why_not(48, "float16") and strict.why_not(16, "float32")
     assert strict.why_not(16, "float16") is None

@@ -342,14 +342,14 @@ def test_sampled_estimator_equals_brute_force_block_mass(
     many chunks, of different widths; long texts: chunks capped by their span); parts: threads
     the queries are cut over (kernels/parts.py, only where each part gets enough queries); native:
     the block softmax in C (kernels/block_softmax.c) or its torch reference."""
-    import sketchwalk.engine.sketch as sketch
-    from sketchwalk.engine.sketch import sample_positions, sampled_block_mass
+    from sketchwalk.engine.estimators import sampled
+    from sketchwalk.engine.sketch import sample_positions
 
     monkeypatch.setenv("SKETCHWALK_NATIVE", native)
-    monkeypatch.setattr(sketch, "workers", lambda: parts)
-    split, real = [], sketch.run_in_parts
+    monkeypatch.setattr(sampled, "workers", lambda: parts)
+    split, real = [], sampled.run_in_parts
     monkeypatch.setattr(
-        sketch, "run_in_parts", lambda fn, cuts: (split.append(cuts), real(fn, cuts))
+        sampled, "run_in_parts", lambda fn, cuts: (split.append(cuts), real(fn, cuts))
     )
 
     torch.manual_seed(t + b)
@@ -358,7 +358,7 @@ def test_sampled_estimator_equals_brute_force_block_mass(
     valid = torch.ones(2, t, dtype=torch.bool)
     valid[1, :pad] = False  # left padding in the second sequence
     pos = sample_positions(t, b, samples)
-    got = sampled_block_mass(
+    got = sampled.sampled_block_mass(
         qs[:, :, pos], valid[:, pos], pos, ks, valid, b, r, 1.0, chunk, pool=pool
     )
     n = -(-t // b)
@@ -380,7 +380,7 @@ def test_sampled_estimator_equals_brute_force_block_mass(
     if pool == "mean":
         want = want / count.clamp(min=1)[:, None, None, :, None]
     assert torch.allclose(got, want, atol=1e-5)
-    assert bool(split) == (parts > 1 and pos.numel() >= parts * sketch._PART_QUERIES)
+    assert bool(split) == (parts > 1 and pos.numel() >= parts * sampled._PART_QUERIES)
     if pool == "mean":  # every scored row is a distribution
         rows = got.sum(-1)
         scored = (count > 0)[:, None, None, :].expand_as(rows)
@@ -392,7 +392,8 @@ def test_sampled_estimator_in_bfloat16_stays_close_to_float32(t, b, samples, pad
     """score_dtype bfloat16 rounds the score product only: the masses (float32) stay within
     bfloat16's rounding of the float32 estimate, every scored row still sums to 1, and
     padding stays 0."""
-    from sketchwalk.engine.sketch import sample_positions, sampled_block_mass
+    from sketchwalk.engine.estimators.sampled import sampled_block_mass
+    from sketchwalk.engine.sketch import sample_positions
 
     torch.manual_seed(t + b + pad)
     h, hkv, r = 6, 2, 16
@@ -412,7 +413,7 @@ def test_sampled_estimator_in_bfloat16_stays_close_to_float32(t, b, samples, pad
 
 
 def test_score_dtype_auto_is_bfloat16_only_where_it_is_native(monkeypatch):
-    from sketchwalk.engine.sketch import score_dtype
+    from sketchwalk.engine.estimators.sampled import score_dtype
 
     assert score_dtype("float32", "cpu") == torch.float32
     assert score_dtype("bfloat16", "cpu") == torch.bfloat16
@@ -438,7 +439,7 @@ def test_decode_sampled_estimate_scores_the_last_window_queries_against_every_ke
     averaged over the real ones (pool "max": their largest). all_valid: the one-row path without padding (a partial last
     block: 45 keys in blocks of 8)."""
     from sketchwalk.engine.config import SketchWalkConfig
-    from sketchwalk.engine.decode import decode_sampled_mass
+    from sketchwalk.engine.estimators.sampled import decode_sampled_mass
     from sketchwalk.engine.sketch import make_srht
 
     torch.manual_seed(d + r + samples)
@@ -470,7 +471,8 @@ def test_decode_sampled_estimate_scores_the_last_window_queries_against_every_ke
     "length, b, samples, parts", [(700, 16, 4, 2), (700, 16, 16, 3), (64, 8, 1, 2)]
 )
 def test_work_cuts_end_at_query_blocks_with_about_equal_work(length, b, samples, parts):
-    from sketchwalk.engine.sketch import _cuts_by_work, sample_positions
+    from sketchwalk.engine.estimators.sampled import _cuts_by_work
+    from sketchwalk.engine.sketch import sample_positions
 
     pos = sample_positions(length, b, samples)
     cuts = _cuts_by_work(pos, b, parts, 2)
@@ -488,7 +490,8 @@ def test_work_cuts_end_at_query_blocks_with_about_equal_work(length, b, samples,
 def test_estimator_chunks_stay_short_against_the_context(lk, samples):
     """A chunk's queries score the keys up to its last query, so its span is masked waste: at
     most lk / 16 positions (or 16 queries), and never more score elements than the budget."""
-    from sketchwalk.engine.sketch import _CHUNK_SPAN, _chunk_queries, sample_positions
+    from sketchwalk.engine.estimators.sampled import _CHUNK_SPAN, _chunk_queries
+    from sketchwalk.engine.sketch import sample_positions
 
     pos = sample_positions(lk, 16, samples)
     row = 9 * lk

@@ -7,6 +7,7 @@ import torch
 
 import sketchwalk.kernels.cpu as cpu
 from sketchwalk.benchmarks.kernel_real import _load_kernel
+from sketchwalk.kernels.lists import BlockLists
 
 
 def test_a_baseline_copy_of_the_kernel_loads_and_computes_the_same(tmp_path: Path):
@@ -20,5 +21,5 @@ def test_a_baseline_copy_of_the_kernel_loads_and_computes_the_same(tmp_path: Pat
     n = 64 // 16
     index = torch.arange(n).repeat(1, 2, n, 1).to(torch.int32)
     count = (torch.arange(n) + 1).repeat(1, 2, 1).to(torch.int32)
-    want = cpu.block_sparse_attention_cpu(q, k, v, index, count, 16)
-    assert torch.equal(baseline(q, k, v, index, count, 16), want)
+    want = cpu.block_sparse_attention_cpu(q, k, v, BlockLists(index, count, 16))
+    assert torch.equal(baseline(q, k, v, BlockLists(index, count, 16)), want)

@@ -8,7 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sketchwalk.kernels.cpu import block_sparse_attention_cpu, full_blocks
+from sketchwalk.kernels.cpu import block_sparse_attention_cpu
+from sketchwalk.kernels.cpu_common import full_blocks
+from sketchwalk.kernels.lists import BlockLists
 from sketchwalk.kernels.reference import (
     block_sparse_attention_reference,
     dense_block_index,
@@ -61,8 +63,8 @@ def test_matches_reference_fp32(shape, pattern, causal):
         idx, cnt = staircase_block_index(bsz, g, lq, lk, b, gen)
     else:
         idx, cnt = patterned_block_index(bsz, g, lq, lk, b, gen)
-    out = block_sparse_attention_cpu(q, k, v, idx, cnt, b, causal)
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, b, causal)
+    out = block_sparse_attention_cpu(q, k, v, BlockLists(idx, cnt, b), causal)
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, b), causal)
     assert out.shape == ref.shape and out.dtype == q.dtype
     assert rel_err(out, ref) < 1e-5
 
@@ -74,13 +76,13 @@ def test_left_padding_hides_keys(shape):
     q, k, v = random_qkv(bsz, h, hkv, lq, lk, d, torch.float32, gen)
     idx, cnt = patterned_block_index(bsz, g, lq, lk, b, gen)
     starts = torch.tensor([5, 37][:bsz]) if bsz > 1 else torch.tensor([21])
-    out = block_sparse_attention_cpu(q, k, v, idx, cnt, b, True, None, starts)
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, b, True, None, starts)
+    out = block_sparse_attention_cpu(q, k, v, BlockLists(idx, cnt, b, seq_start=starts))
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, b, seq_start=starts))
     assert rel_err(out, ref) < 1e-5
     # changing the padded keys must not change anything
     k2 = k.clone()
     k2[0, :, : int(starts[0])] = 1e4
-    out2 = block_sparse_attention_cpu(q, k2, v, idx, cnt, b, True, None, starts)
+    out2 = block_sparse_attention_cpu(q, k2, v, BlockLists(idx, cnt, b, seq_start=starts))
     assert torch.equal(out, out2)
 
 
@@ -89,8 +91,8 @@ def test_low_precision(dtype):
     gen = torch.Generator().manual_seed(3)
     q, k, v = random_qkv(2, 9, 3, 260, 260, 64, dtype, gen)
     idx, cnt = patterned_block_index(2, 1, 260, 260, 32, gen)
-    out = block_sparse_attention_cpu(q, k, v, idx, cnt, 32)
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, 32)
+    out = block_sparse_attention_cpu(q, k, v, BlockLists(idx, cnt, 32))
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, 32))
     assert out.dtype == dtype
     err = rel_err(out, ref)
     assert err < 1e-2
@@ -102,7 +104,7 @@ def test_density_one_is_dense_sdpa(lq, lk):
     gen = torch.Generator().manual_seed(lq + lk)
     q, k, v = random_qkv(2, 9, 3, lq, lk, 64, torch.float32, gen)
     idx, cnt = dense_block_index(2, 1, lq, lk, 64)
-    out = block_sparse_attention_cpu(q, k, v, idx, cnt, 64)
+    out = block_sparse_attention_cpu(q, k, v, BlockLists(idx, cnt, 64))
     # SDPA's is_causal is top-left aligned; queries are the last lq positions, so build the mask
     mask = torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)
     dense = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
@@ -117,8 +119,8 @@ def test_diagonal_only_and_empty_rows():
     idx = torch.arange(nq, dtype=torch.int32).view(1, 1, nq, 1).repeat(1, 2, 1, 1)
     cnt = torch.ones(1, 2, nq, dtype=torch.int32)
     cnt[0, 1, 2] = 0  # group 1, block 2 keeps nothing: its rows must be zeros
-    out = block_sparse_attention_cpu(q, k, v, idx, cnt, b)
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, b)
+    out = block_sparse_attention_cpu(q, k, v, BlockLists(idx, cnt, b))
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, b))
     assert rel_err(out, ref) < 1e-5
     assert torch.count_nonzero(out[0, 2:4, 2 * b : 3 * b]) == 0
     assert torch.count_nonzero(out[0, :2, 2 * b : 3 * b]) > 0
@@ -130,8 +132,8 @@ def test_junk_duplicates_and_future_blocks_ignored():
     q, k, v = random_qkv(1, 2, 1, lq, lq, 16, torch.float32, gen)
     idx = torch.tensor([[[[0, 0, 2, 5, 99, -3]] * 6]], dtype=torch.int32)  # dup, future, junk
     cnt = torch.full((1, 1, 6), 4, dtype=torch.int32)
-    out = block_sparse_attention_cpu(q, k, v, idx, cnt, b)
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, b)
+    out = block_sparse_attention_cpu(q, k, v, BlockLists(idx, cnt, b))
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, b))
     assert rel_err(out, ref) < 1e-5
 
 
@@ -141,24 +143,24 @@ def test_strided_inputs():
     q, k, v = random_qkv(1, 9, 3, 150, 150, 32, torch.float32, gen)
     qt, kt, vt = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     idx, cnt = patterned_block_index(1, 1, 150, 150, 16, gen)
-    out = block_sparse_attention_cpu(qt, kt, vt, idx, cnt, 16)
-    assert rel_err(out, block_sparse_attention_reference(q, k, v, idx, cnt, 16)) < 1e-5
+    out = block_sparse_attention_cpu(qt, kt, vt, BlockLists(idx, cnt, 16))
+    assert rel_err(out, block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, 16))) < 1e-5
 
 
 @pytest.mark.parametrize("groups", [1, 3])
 def test_decode_in_chunks_with_left_padding(monkeypatch, groups):
     """Decode gathers the kept blocks a few at a time; chunks merge by LSE, padding cuts some."""
-    import sketchwalk.kernels.cpu as cpu
+    from sketchwalk.kernels import cpu_decode
 
     monkeypatch.setenv("SKETCHWALK_NATIVE", "0")  # the torch path (C: test_decode_attention.py)
-    monkeypatch.setattr(cpu, "_DECODE_CHUNK_TOKENS", 48)  # 3 blocks of 16 per chunk
-    monkeypatch.setattr(cpu, "_DECODE_MASKED_MAX_TOKENS", 0)  # the gather path, not the mask
+    monkeypatch.setattr(cpu_decode, "_DECODE_CHUNK_TOKENS", 48)  # 3 blocks of 16 per chunk
+    monkeypatch.setattr(cpu_decode, "_DECODE_MASKED_MAX_TOKENS", 0)  # the gather path, not the mask
     gen = torch.Generator().manual_seed(groups)
     q, k, v = random_qkv(2, 9, 3, 1, 333, 32, torch.float32, gen)
     idx, cnt = random_block_index(2, groups, 1, 333, 16, 0.6, gen)
     starts = torch.tensor([0, 41])  # 41: inside block 2, which a chunk may include
-    out = block_sparse_attention_cpu(q, k, v, idx, cnt, 16, True, None, starts)
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16, True, None, starts)
+    out = block_sparse_attention_cpu(q, k, v, BlockLists(idx, cnt, 16, seq_start=starts))
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, 16, seq_start=starts))
     assert int(cnt.max()) > 6  # several chunks per row
     assert rel_err(out, ref) < 1e-5
 
@@ -173,8 +175,8 @@ def test_decode_short_cache_masked_path(groups, monkeypatch):
     idx, cnt = random_block_index(2, groups, 1, 250, 16, 0.4, gen)
     cnt[1, -1] = 0  # the last group of sequence 1 keeps nothing
     starts = torch.tensor([0, 23])
-    out = block_sparse_attention_cpu(q, k, v, idx, cnt, 16, True, None, starts)
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16, True, None, starts)
+    out = block_sparse_attention_cpu(q, k, v, BlockLists(idx, cnt, 16, seq_start=starts))
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, 16, seq_start=starts))
     assert rel_err(out, ref) < 1e-5
     assert torch.count_nonzero(out[1, 9 - 9 // groups :]) == 0
 
@@ -206,11 +208,15 @@ def test_query_tiles_match_reference(shape, pattern, causal):
     else:
         idx, cnt = patterned_block_index(bsz, g, lq, lk, b, gen)
     t_idx, t_cnt = tiles_of_rows(idx, cnt, r, -(-lk // b))
-    out = block_sparse_attention_cpu(q, k, v, t_idx, t_cnt, b, causal, query_block=r * b)
-    ref = block_sparse_attention_reference(q, k, v, t_idx, t_cnt, b, causal, query_block=r * b)
+    out = block_sparse_attention_cpu(
+        q, k, v, BlockLists(t_idx, t_cnt, b, query_block=r * b), causal
+    )
+    ref = block_sparse_attention_reference(
+        q, k, v, BlockLists(t_idx, t_cnt, b, query_block=r * b), causal
+    )
     assert rel_err(out, ref) < 1e-5
     r_idx, r_cnt = rows_of_tiles(t_idx, t_cnt, r, -(-lq // b))
-    per_row = block_sparse_attention_reference(q, k, v, r_idx, r_cnt, b, causal)
+    per_row = block_sparse_attention_reference(q, k, v, BlockLists(r_idx, r_cnt, b), causal)
     assert rel_err(ref, per_row) < 1e-6
 
 
@@ -219,13 +225,12 @@ def test_query_tiles_hide_left_padding():
     q, k, v = random_qkv(2, 9, 3, 200, 200, 32, torch.float32, gen)
     idx, cnt = patterned_block_index(2, 3, 200, 200, 16, gen)
     t_idx, t_cnt = tiles_of_rows(idx, cnt, 4, 13)
-    starts = torch.tensor([5, 70])
-    args = (q, k, v, t_idx, t_cnt, 16, True, None, starts)
-    out = block_sparse_attention_cpu(*args, query_block=64)
-    ref = block_sparse_attention_reference(*args, query_block=64)
+    lists = BlockLists(t_idx, t_cnt, 16, query_block=64, seq_start=torch.tensor([5, 70]))
+    out = block_sparse_attention_cpu(q, k, v, lists)
+    ref = block_sparse_attention_reference(q, k, v, lists)
     assert rel_err(out, ref) < 1e-5
     with pytest.raises(ValueError, match="multiple of the block size"):
-        block_sparse_attention_cpu(q, k, v, t_idx, t_cnt, 16, query_block=24)
+        block_sparse_attention_cpu(q, k, v, BlockLists(t_idx, t_cnt, 16, query_block=24))
 
 
 # (batch, heads, kv_heads, lq, lk, head_dim, block, groups, blocks per query tile)
@@ -250,15 +255,15 @@ def test_uneven_counts_match_reference(shape, padded):
     starts = None
     if padded:
         starts = torch.randint(1, 3 * b, (bsz,), generator=gen)
-    args = (q, k, v, idx, cnt, b, True, None, starts)
-    out = block_sparse_attention_cpu(*args, query_block=r * b)
-    ref = block_sparse_attention_reference(*args, query_block=r * b)
+    lists = BlockLists(idx, cnt, b, query_block=r * b, seq_start=starts)
+    out = block_sparse_attention_cpu(q, k, v, lists)
+    ref = block_sparse_attention_reference(q, k, v, lists)
     assert rel_err(out, ref) < 1e-5
     # as a model hands them over: transposed queries, K/V in a cache with room (NaN past the
     # filled rows); read in place, the very same result
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)
     kr, vr = with_room(k, 24), with_room(v, 24)
-    moved = block_sparse_attention_cpu(qt, kr, vr, *args[3:], query_block=r * b)
+    moved = block_sparse_attention_cpu(qt, kr, vr, lists)
     assert torch.equal(moved, out)
 
 
@@ -275,27 +280,27 @@ SPLIT_SHAPES = [  # enough query tiles for up to 5 parts of at least 4 tiles, bu
 def test_split_over_threads_matches_reference(monkeypatch, shape, causal, workers):
     """A prefill cut into consecutive parts of query tiles, one thread each (queries after a
     cache, left padding, partial last tiles): the same result as one part and the reference."""
-    from sketchwalk.kernels import cpu
+    from sketchwalk.kernels import cpu_prefill
 
     bsz, h, hkv, lq, lk, d, b, g, r = shape
     gen = torch.Generator().manual_seed(zlib.crc32(repr((shape, causal, workers)).encode()))
     q, k, v = random_qkv(bsz, h, hkv, lq, lk, d, torch.float32, gen)
     idx, cnt = uneven_block_index(bsz, g, lq, lk, b, gen, r)
     starts = torch.randint(0, 2 * b, (bsz,), generator=gen)
-    args = (q, k, v, idx, cnt, b, causal, None, starts)
-    monkeypatch.setattr(cpu, "workers", lambda: workers)
-    parts = cpu._split_points(cnt, workers)
+    lists = BlockLists(idx, cnt, b, query_block=r * b, seq_start=starts)
+    monkeypatch.setattr(cpu_prefill, "workers", lambda: workers)
+    parts = cpu_prefill._split_points(cnt, workers)
     nq = cnt.shape[2]
     assert parts == sorted(set(parts)) and parts[0] == 0 and parts[-1] == nq
-    assert (len(parts) > 2) == (workers > 1 and nq >= cpu._MIN_TILES_PER_PART * workers)
-    out = block_sparse_attention_cpu(*args, query_block=r * b)
-    ref = block_sparse_attention_reference(*args, query_block=r * b)
+    assert (len(parts) > 2) == (workers > 1 and nq >= cpu_prefill._MIN_TILES_PER_PART * workers)
+    out = block_sparse_attention_cpu(q, k, v, lists, causal)
+    ref = block_sparse_attention_reference(q, k, v, lists, causal)
     assert rel_err(out, ref) < 1e-5
     # as a model hands them over: transposed queries, K/V in a cache with room (NaN past the
     # filled rows); read in place, the very same result
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)
     kr, vr = with_room(k, 24), with_room(v, 24)
-    moved = block_sparse_attention_cpu(qt, kr, vr, *args[3:], query_block=r * b)
+    moved = block_sparse_attention_cpu(qt, kr, vr, lists, causal)
     assert torch.equal(moved, out)
 
 
@@ -304,17 +309,17 @@ def test_parts_leave_the_thread_count_as_they_found_it(monkeypatch):
     app session's) still get the caller's count."""
     import threading
 
-    from sketchwalk.kernels import cpu
+    from sketchwalk.kernels import cpu_prefill
 
-    monkeypatch.setattr(cpu, "workers", lambda: 2)
+    monkeypatch.setattr(cpu_prefill, "workers", lambda: 2)
     gen = torch.Generator().manual_seed(3)
     q, k, v = random_qkv(1, 4, 2, 512, 512, 16, torch.float32, gen)
     idx, cnt = uneven_block_index(1, 2, 512, 512, 16, gen, 1)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert len(cpu._split_points(cnt, 2)) > 2
-        block_sparse_attention_cpu(q, k, v, idx, cnt, 16)
+        assert len(cpu_prefill._split_points(cnt, 2)) > 2
+        block_sparse_attention_cpu(q, k, v, BlockLists(idx, cnt, 16))
         seen = []
         t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
         t.start()
@@ -329,7 +334,7 @@ def test_parts_leave_the_thread_count_as_they_found_it(monkeypatch):
 def test_decode_one_gather_matches_reference(groups, lk):
     """Caches past the masked path with few kept tokens: one gather for all heads and one SDPA.
     Junk, duplicate and out-of-range ids, uneven lists, a partial last block."""
-    import sketchwalk.kernels.cpu as cpu
+    from sketchwalk.kernels import cpu_decode
 
     gen = torch.Generator().manual_seed(groups + lk)
     q, k, v = random_qkv(1, 9, 3, 1, lk, 32, torch.float32, gen)
@@ -338,15 +343,15 @@ def test_decode_one_gather_matches_reference(groups, lk):
     idx[..., -1] = 10_000  # out of range, past the count or not
     nk = -(-lk // 16)
     idx[0, 0, 0, 0] = nk - 1  # the partial last block (lk 4607) in the first list
-    assert cpu._decode_one_gather(q, k, v, idx, cnt, 16, 32**-0.5, None) is not None
-    out = block_sparse_attention_cpu(q, k, v, idx, cnt, 16, True)
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16, True)
+    assert cpu_decode._decode_one_gather(q, k, v, idx, cnt, 16, 32**-0.5, None) is not None
+    out = block_sparse_attention_cpu(q, k, v, BlockLists(idx, cnt, 16), True)
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, 16), True)
     assert rel_err(out, ref) < 1e-5
     cnt_empty = cnt.clone()
     cnt_empty[0, -1] = 0  # an empty list: the chunked path, a zero output for its heads
-    assert cpu._decode_one_gather(q, k, v, idx, cnt_empty, 16, 32**-0.5, None) is None
-    out = block_sparse_attention_cpu(q, k, v, idx, cnt_empty, 16, True)
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt_empty, 16, True)
+    assert cpu_decode._decode_one_gather(q, k, v, idx, cnt_empty, 16, 32**-0.5, None) is None
+    out = block_sparse_attention_cpu(q, k, v, BlockLists(idx, cnt_empty, 16), True)
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt_empty, 16), True)
     assert rel_err(out, ref) < 1e-5
 
 
@@ -356,17 +361,17 @@ def test_decode_one_gather_matches_reference(groups, lk):
 def test_cache_with_room_matches_reference(lq, lk, groups):
     """K/V as a growing cache hands them over (the filled part of buffers with room, NaN beyond):
     prefill, queries after a cache, and each decode path read only the filled rows of each head."""
-    import sketchwalk.kernels.cpu as cpu
+    from sketchwalk.kernels import cpu_decode
 
     gen = torch.Generator().manual_seed(lq + lk + groups)
     q, k, v = random_qkv(1, 9, 3, lq, lk, 32, torch.float32, gen)
     idx, cnt = random_block_index(1, groups, lq, lk, 16, 0.3, gen)
     kr, vr = with_room(k, 40), with_room(v, 40)
     assert not kr.is_contiguous()
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16)
-    assert rel_err(block_sparse_attention_cpu(q, kr, vr, idx, cnt, 16), ref) < 1e-5
-    if lq == 1 and lk > cpu._DECODE_MASKED_MAX_TOKENS:  # the one-gather path takes the views
-        one = cpu._decode_one_gather(q, kr, vr, idx, cnt, 16, 32**-0.5, None)
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, 16))
+    assert rel_err(block_sparse_attention_cpu(q, kr, vr, BlockLists(idx, cnt, 16)), ref) < 1e-5
+    if lq == 1 and lk > cpu_decode._DECODE_MASKED_MAX_TOKENS:  # the one-gather path takes the views
+        one = cpu_decode._decode_one_gather(q, kr, vr, idx, cnt, 16, 32**-0.5, None)
         assert one is not None and rel_err(one, ref) < 1e-5
 
 
@@ -391,17 +396,17 @@ def test_whole_rows_and_pieces_agree(monkeypatch, bsz, h, hkv, lq, lk, b, g, pad
     """Short contexts: each row's blocks and diagonal blocks in one call (whole rows) or split
     into sinks, windows, middle and edges (pieces): the reference either way (a partial last
     tile, left padding, queries after a cache, groups across KV heads, tiles of r blocks)."""
-    from sketchwalk.kernels import cpu
+    from sketchwalk.kernels import cpu_prefill
 
     gen = torch.Generator().manual_seed(zlib.crc32(repr((bsz, h, lq, lk, b, g, r)).encode()))
     q, k, v = random_qkv(bsz, h, hkv, lq, lk, 16, torch.float32, gen)
     idx, cnt = uneven_block_index(bsz, g, lq, lk, b, gen, r)
     starts = torch.tensor([pad] * bsz) if pad else None
-    args = (q, k, v, idx, cnt, b, True, None, starts)
-    ref = block_sparse_attention_reference(*args, query_block=r * b)
-    whole = block_sparse_attention_cpu(*args, query_block=r * b)
-    monkeypatch.setattr(cpu, "_WHOLE_ROWS_MAX_KEYS", 0)
-    pieces = block_sparse_attention_cpu(*args, query_block=r * b)
+    lists = BlockLists(idx, cnt, b, query_block=r * b, seq_start=starts)
+    ref = block_sparse_attention_reference(q, k, v, lists)
+    whole = block_sparse_attention_cpu(q, k, v, lists)
+    monkeypatch.setattr(cpu_prefill, "_WHOLE_ROWS_MAX_KEYS", 0)
+    pieces = block_sparse_attention_cpu(q, k, v, lists)
     assert rel_err(whole, ref) < 1e-5 and rel_err(pieces, ref) < 1e-5
 
 
@@ -414,6 +419,6 @@ def test_a_partial_tile_with_every_diagonal_block_listed_matches_reference(lq, l
     nk = -(-lk // 16)
     idx = torch.arange(nk, dtype=torch.int32).expand(1, 2, 1, nk).contiguous()
     cnt = torch.full((1, 2, 1), nk, dtype=torch.int32)
-    out = block_sparse_attention_cpu(q, k, v, idx, cnt, 16, query_block=64)
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16, query_block=64)
+    out = block_sparse_attention_cpu(q, k, v, BlockLists(idx, cnt, 16, query_block=64))
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, 16, query_block=64))
     assert rel_err(out, ref) < 1e-5

@@ -6,6 +6,7 @@ import torch
 
 from sketchwalk.kernels.cpu import block_sparse_attention_cpu
 from sketchwalk.kernels.decode_attention import applies, decode_block_attention
+from sketchwalk.kernels.lists import BlockLists
 from sketchwalk.kernels.native import library
 from sketchwalk.kernels.reference import block_sparse_attention_reference
 
@@ -46,7 +47,9 @@ def test_c_decode_equals_the_reference_on_random_cases(seed):
     starts = torch.randint(0, lk, (bsz,), generator=gen) if seed % 2 else None
     scale = float(torch.empty(1).uniform_(0.05, 1.0, generator=gen))
     got = decode_block_attention(q, k, v, ids, counts, b, scale, starts)
-    want = block_sparse_attention_reference(q, k, v, ids, counts, b, True, scale, starts)
+    want = block_sparse_attention_reference(
+        q, k, v, BlockLists(ids, counts, b, seq_start=starts), True, scale
+    )
     assert got is not None and got.shape == want.shape == (bsz, h, 1, d)
     assert torch.allclose(got, want, atol=2e-5, rtol=1e-4)
     # a head whose list sees nothing is zero, as in the reference
@@ -68,11 +71,11 @@ def test_the_cpu_kernel_takes_it_for_decode_and_keeps_its_torch_path(monkeypatch
     nk = -(-5000 // 32)
     ids = torch.stack([torch.randperm(nk)[:40].sort().values for _ in range(3)]).view(1, 3, 1, 40)
     counts = torch.tensor([[[40], [25], [33]]])
-    c = block_sparse_attention_cpu(q, k, v, ids, counts, 32, True, 0.125)
+    c = block_sparse_attention_cpu(q, k, v, BlockLists(ids, counts, 32), True, 0.125)
     assert torch.equal(c, decode_block_attention(q, k, v, ids, counts, 32, 0.125))
     monkeypatch.setenv("SKETCHWALK_NATIVE", "0")
     assert not applies(q, k, v)
-    t = block_sparse_attention_cpu(q, k, v, ids, counts, 32, True, 0.125)
+    t = block_sparse_attention_cpu(q, k, v, BlockLists(ids, counts, 32), True, 0.125)
     assert torch.allclose(c, t, atol=2e-6)
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from sketchwalk.kernels import block_sparse_attention_reference, decode_cache
+from sketchwalk.kernels.lists import BlockLists
 from sketchwalk.kernels.testing import random_qkv
 
 
@@ -43,7 +44,9 @@ def test_gathered_decode_matches_reference_as_the_block_fills(
     assert (g.mask is None) == (equal or not per_group or kv == 1 or cur < 2)
     for lk in range(lk0, end + 1, max(1, (end - lk0) // 4)):  # later steps reuse the same gather
         qs = torch.randn(1, heads, 1, d, generator=gen)
-        want = block_sparse_attention_reference(qs, k[:, :, :lk], v[:, :, :lk], index, count, block)
+        want = block_sparse_attention_reference(
+            qs, k[:, :, :lk], v[:, :, :lk], BlockLists(index, count, block)
+        )
         got = decode_cache.attend(g, qs, k[:, :, :lk], v[:, :, :lk], d**-0.5)
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
@@ -75,21 +78,21 @@ def test_refuses_what_it_cannot_do():
 @pytest.mark.parametrize("lk", [1, 16, 17, 200, 333])
 def test_one_gather_decode_matches_reference(block, heads, kv, per_group, lk):
     """A re-selecting step's lists (sorted, the current block last) through the stateless
-    kernel's one-gather path (kernels/cpu.py) equal the reference."""
-    from sketchwalk.kernels.cpu import _decode_one_gather
+    kernel's one-gather path (kernels/cpu_decode.py) equal the reference."""
+    from sketchwalk.kernels.cpu_decode import _decode_one_gather
 
     gen = torch.Generator().manual_seed(block + lk + heads)
     d = 32
     cur = (lk - 1) // block
     q, k, v = random_qkv(1, heads, kv, 1, lk, d, torch.float32, gen)
     index, count = _lists(kv if per_group else 1, cur, 0.3, gen)
-    want = block_sparse_attention_reference(q, k, v, index, count, block)
+    want = block_sparse_attention_reference(q, k, v, BlockLists(index, count, block))
     got = _decode_one_gather(q, k, v, index, count, block, d**-0.5, None)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
 def test_one_gather_decode_declines_what_it_cannot_do():
-    from sketchwalk.kernels import cpu
+    from sketchwalk.kernels import cpu_decode as cpu
 
     gen = torch.Generator().manual_seed(1)
     q, k, v = random_qkv(2, 4, 2, 1, 100, 16, torch.float32, gen)
@@ -136,7 +139,7 @@ def test_advance_across_blocks_matches_reference_on_the_extended_lists(
                 break
         qs = torch.randn(1, heads, 1, d, generator=gen)
         want = block_sparse_attention_reference(
-            qs, k[:, :, :lk], v[:, :, :lk], sel.block_index, sel.block_count, block
+            qs, k[:, :, :lk], v[:, :, :lk], BlockLists(sel.block_index, sel.block_count, block)
         )
         got = decode_cache.attend(g, qs, k[:, :, :lk], v[:, :, :lk], d**-0.5)
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from sketchwalk.kernels import block_sparse_attention, choose_backend
+from sketchwalk.kernels.lists import BlockLists
 from sketchwalk.kernels.reference import block_sparse_attention_reference
 from sketchwalk.kernels.testing import patterned_block_index, random_qkv, rel_err
 
@@ -39,11 +40,11 @@ def test_cpu_backend_is_the_fast_path_and_agrees(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     q, k, v = random_qkv(1, 6, 2, 100, 100, 32, torch.float32, gen)
     idx, cnt = patterned_block_index(1, 1, 100, 100, 16, gen)
-    out = block_sparse_attention(q, k, v, idx, cnt, 16)
-    ref = block_sparse_attention(q, k, v, idx, cnt, 16, backend="reference")
+    out = block_sparse_attention(q, k, v, BlockLists(idx, cnt, 16))
+    ref = block_sparse_attention(q, k, v, BlockLists(idx, cnt, 16), backend="reference")
     assert calls == [1]
     assert rel_err(out, ref) < 1e-5
-    assert torch.equal(ref, block_sparse_attention_reference(q, k, v, idx, cnt, 16))
+    assert torch.equal(ref, block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, 16)))
 
 
 def test_triton_on_cpu_without_interpreter_says_so():
@@ -56,23 +57,32 @@ def test_triton_on_cpu_without_interpreter_says_so():
     q = torch.randn(1, 2, 32, 16)
     idx, cnt = patterned_block_index(1, 1, 32, 32, 16, torch.Generator().manual_seed(0))
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
-        block_sparse_attention_triton(q, q, q, idx, cnt, 16)
+        block_sparse_attention_triton(q, q, q, BlockLists(idx, cnt, 16))
 
 
 def test_backends_share_one_signature():
+    """Every registered backend takes the one BlockLists contract (extras keyword-only, with
+    defaults), declares its limits, and a decode keeper where it has one."""
     import inspect
 
-    from sketchwalk.kernels import BlockSparseAttention, backend_fn
+    from sketchwalk.kernels import BACKENDS, REGISTRY, BlockSparseAttention, DecodeKeeper
 
     want = list(inspect.signature(BlockSparseAttention.__call__).parameters.values())[1:]
-    want = [p for p in want if p.kind != p.KEYWORD_ONLY]  # query_block: keyword-only, all share it
-    for which in ("reference", "cpu", "triton"):
-        got = list(inspect.signature(backend_fn(which)).parameters.values())
+    assert set(BACKENDS) == {"auto", *REGISTRY} and {"reference", "cpu", "triton"} <= set(REGISTRY)
+    for backend in REGISTRY.values():
+        got = list(inspect.signature(backend.attend).parameters.values())
         positional = [p for p in got if p.kind != p.KEYWORD_ONLY]
         assert [(p.name, p.default) for p in positional] == [(p.name, p.default) for p in want]
         assert all(p.default is not p.empty for p in got if p.kind == p.KEYWORD_ONLY)
+        assert backend.limits.why_not(64, "float32") is None
+        if backend.decode is not None:
+            for method in ("plan", "run"):
+                keeper_args = inspect.signature(getattr(backend.decode, method)).parameters
+                protocol = inspect.signature(getattr(DecodeKeeper, method)).parameters
+                assert list(keeper_args) == list(protocol)[1:]
+    assert REGISTRY["cpu"].decode is not None and REGISTRY["triton"].decode is None
     with pytest.raises(ValueError, match="unknown kernel backend"):
-        backend_fn("cuda")
+        choose_backend(torch.device("cpu"), "cuda")
 
 
 def test_triton_tile_table_fits_tiles_and_dtypes():

@@ -7,6 +7,7 @@ import torch
 
 from sketchwalk.benchmarks.flex import block_mask
 from sketchwalk.kernels import block_sparse_attention_reference
+from sketchwalk.kernels.lists import BlockLists
 from sketchwalk.kernels.reference import token_mask
 from sketchwalk.kernels.testing import random_block_index, random_qkv
 
@@ -23,7 +24,7 @@ def test_block_mask_from_lists_matches_reference(heads, kv, groups, t, block):
     idx, cnt = random_block_index(1, groups, t, t, block, 0.4, gen)
     mask = block_mask(idx, cnt, block, heads, t, t)
     got = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)  # eager: no compile in tests
-    want = block_sparse_attention_reference(q, k, v, idx, cnt, block)
+    want = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, block))
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 

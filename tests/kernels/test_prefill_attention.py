@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from sketchwalk.kernels.cpu import block_sparse_attention_cpu
+from sketchwalk.kernels.lists import BlockLists
 from sketchwalk.kernels.native import library
 from sketchwalk.kernels.prefill_attention import applies, prefill_block_attention
 from sketchwalk.kernels.reference import block_sparse_attention_reference
@@ -62,7 +63,7 @@ def test_c_prefill_equals_the_reference_on_random_cases(seed):
     scale = float(torch.empty(1).uniform_(0.05, 0.5, generator=gen))
     got = prefill_block_attention(q, k, v, ids, counts, b, scale, starts, tile)
     want = block_sparse_attention_reference(
-        q, k, v, ids, counts, b, True, scale, starts, query_block=tile
+        q, k, v, BlockLists(ids, counts, b, query_block=tile, seq_start=starts), True, scale
     )
     assert got is not None and got.shape == want.shape == (bsz, h, lq, d)
     assert torch.allclose(got, want, atol=3e-5, rtol=1e-4), (got - want).abs().max()
@@ -74,11 +75,15 @@ def test_the_cpu_kernel_takes_it_for_prefill_and_keeps_its_torch_path(monkeypatc
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, n, 600, 64, generator=gen) for n in (9, 3, 3))
     ids, counts = _lists(gen, 1, 3, 600, 600, 32, 64, 0.25)
-    c = block_sparse_attention_cpu(q, k, v, ids, counts, 32, True, 0.125, query_block=64)
+    c = block_sparse_attention_cpu(
+        q, k, v, BlockLists(ids, counts, 32, query_block=64), True, 0.125
+    )
     assert torch.equal(c, prefill_block_attention(q, k, v, ids, counts, 32, 0.125, None, 64))
     monkeypatch.setenv("SKETCHWALK_NATIVE", "0")
     assert not applies(q, k, v, 32, 64)
-    t = block_sparse_attention_cpu(q, k, v, ids, counts, 32, True, 0.125, query_block=64)
+    t = block_sparse_attention_cpu(
+        q, k, v, BlockLists(ids, counts, 32, query_block=64), True, 0.125
+    )
     assert torch.allclose(c, t, atol=3e-6)
 
 

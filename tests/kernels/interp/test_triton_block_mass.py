@@ -1,7 +1,7 @@
 """The fused Triton estimator (interpreter) against its torch reference and the engine's CPU path.
 
 The engine takes this kernel on CUDA (engine/pipeline.py transition), so it must give the same
-pooled block mass as engine/sketch.py sampled_block_mass pooled over each KV head's query heads.
+pooled block mass as engine/estimators/sampled.py sampled_block_mass pooled over each KV head's query heads.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import zlib
 import pytest
 import torch
 
-from sketchwalk.engine.sketch import sample_positions, sampled_block_mass
+from sketchwalk.engine.estimators.sampled import sampled_block_mass
+from sketchwalk.engine.sketch import sample_positions
 from sketchwalk.kernels.block_mass_reference import pooled_block_mass_reference
 from sketchwalk.kernels.triton_block_mass import pooled_block_mass_triton
 

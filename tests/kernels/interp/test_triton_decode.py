@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sketchwalk.kernels.lists import BlockLists
 from sketchwalk.kernels.reference import block_sparse_attention_reference, dense_block_index
 from sketchwalk.kernels.testing import poisoned, random_block_index, random_qkv, rel_err, with_room
 from sketchwalk.kernels.triton_dispatch import block_sparse_attention_triton, block_sparse_decode
@@ -38,7 +39,7 @@ def test_decode_matches_reference(shape, dtype):
     out = poisoned(q)
     res = block_sparse_decode(q, k, v, idx, cnt, b, out=out, num_splits=splits)
     assert res is out and not out.isnan().any()
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, b)
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, b))
     assert rel_err(out, ref) < TOL[dtype]
 
 
@@ -50,7 +51,7 @@ def test_decode_padding_and_empty_lists():
     starts = torch.tensor([0, 20, 33])
     out = poisoned(q)
     block_sparse_decode(q, k, v, idx, cnt, 16, None, starts, out=out, num_splits=2)
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16, True, None, starts)
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, 16, seq_start=starts))
     assert rel_err(out, ref) < 1e-5
     assert torch.count_nonzero(out[1, 3:]) == 0
 
@@ -59,7 +60,7 @@ def test_dispatch_uses_decode_for_one_query_and_matches_sdpa():
     gen = torch.Generator().manual_seed(2)
     q, k, v = random_qkv(1, 4, 2, 1, 45, 16, torch.float32, gen)
     idx, cnt = dense_block_index(1, 1, 1, 45, 16)
-    out = block_sparse_attention_triton(q, k, v, idx, cnt, 16, out=poisoned(q))
+    out = block_sparse_attention_triton(q, k, v, BlockLists(idx, cnt, 16), out=poisoned(q))
     dense = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     assert rel_err(out, dense) < 1e-5
 
@@ -74,7 +75,7 @@ def test_decode_gathers_small_blocks_and_never_reads_padding(b):
     q, k, v = random_qkv(2, 8, 2, 1, lk, 32, torch.float32, gen)
     idx, cnt = random_block_index(2, 2, 1, lk, b, 0.7, gen)
     starts = torch.tensor([b + 3, 0])
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, b, True, None, starts)
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, b, seq_start=starts))
     k, v = with_room(k, 9), with_room(v, 9)
     k[0, :, : b + 3] = float("nan")
     v[0, :, : b + 3] = float("nan")

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from sketchwalk.kernels.lists import BlockLists
 from sketchwalk.kernels.reference import (
     block_sparse_attention_reference,
     dense_block_index,
@@ -58,7 +59,7 @@ def test_prefill_matches_reference(shape, dtype):
     out = poisoned(q)
     res = block_sparse_prefill(q, k, v, idx, cnt, b, out=out)
     assert res is out and not out.isnan().any()  # every element written
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, b)
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, b))
     assert rel_err(out, ref) < TOL[dtype]
 
 
@@ -70,7 +71,9 @@ def test_prefill_padding_noncausal_and_patterns():
     for causal in (True, False):
         out = poisoned(q)
         block_sparse_prefill(q, k, v, idx, cnt, 16, causal, None, starts, out=out)
-        ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16, causal, None, starts)
+        ref = block_sparse_attention_reference(
+            q, k, v, BlockLists(idx, cnt, 16, seq_start=starts), causal, None
+        )
         assert rel_err(out, ref) < 1e-5
 
 
@@ -81,7 +84,7 @@ def test_prefill_diagonal_only_empty_rows_and_scale():
     cnt = torch.tensor([[[1, 0, 1]]], dtype=torch.int32)
     out = poisoned(q)
     block_sparse_prefill(q, k, v, idx, cnt, 16, True, 0.3, out=out)
-    ref = block_sparse_attention_reference(q, k, v, idx, cnt, 16, True, 0.3)
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, 16), True, 0.3)
     assert rel_err(out, ref) < 1e-5
     assert torch.count_nonzero(out[:, :, 16:32]) == 0 and torch.count_nonzero(out[:, :, :16]) > 0
 
@@ -100,9 +103,9 @@ def test_prefill_strided_output_and_bf16_dispatch():
     q, k, v = random_qkv(1, 3, 1, 32, 32, 16, torch.bfloat16, gen)
     idx, cnt = dense_block_index(1, 1, 32, 32, 16)
     out = poisoned(q.transpose(1, 2)).transpose(1, 2)  # [B, L, H, D] storage, as transformers wants
-    res = block_sparse_attention_triton(q, k, v, idx, cnt, 16, out=out)
+    res = block_sparse_attention_triton(q, k, v, BlockLists(idx, cnt, 16), out=out)
     assert res is out and res.dtype == torch.bfloat16 and not out.isnan().any()
-    assert rel_err(out, block_sparse_attention_reference(q, k, v, idx, cnt, 16)) < 1e-2
+    assert rel_err(out, block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, 16))) < 1e-2
 
 
 @pytest.mark.parametrize("d,b", [(64, 64), (128, 128)], ids=["d64-b64", "d128-b128"])
@@ -115,7 +118,10 @@ def test_prefill_real_tile_sizes(d, b):
     out = poisoned(q)
     block_sparse_prefill(q, k, v, idx, cnt, b, out=out)
     assert not out.isnan().any()
-    assert rel_err(out, block_sparse_attention_reference(q, k, v, idx, cnt, b)) < TOL[torch.float16]
+    assert (
+        rel_err(out, block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, b)))
+        < TOL[torch.float16]
+    )
 
 
 def test_query_tiles_match_reference():
@@ -124,8 +130,10 @@ def test_query_tiles_match_reference():
     q, k, v = random_qkv(1, 4, 2, 70, 70, 16, torch.float32, gen)
     idx, cnt = random_block_index(1, 2, 70, 70, 16, 0.5, gen)
     t_idx, t_cnt = tiles_of_rows(idx, cnt, 2, 5)
-    out = block_sparse_attention_triton(q, k, v, t_idx, t_cnt, 16, query_block=32, out=poisoned(q))
-    ref = block_sparse_attention_reference(q, k, v, t_idx, t_cnt, 16, query_block=32)
+    out = block_sparse_attention_triton(
+        q, k, v, BlockLists(t_idx, t_cnt, 16, query_block=32), out=poisoned(q)
+    )
+    ref = block_sparse_attention_reference(q, k, v, BlockLists(t_idx, t_cnt, 16, query_block=32))
     assert rel_err(out, ref) < 1e-5
 
 
@@ -194,7 +202,7 @@ def test_gpu_tiles_full_runs_and_edges_match_reference(case, dtype):
     cnt[0, 0, 1] = 0  # an empty list (group 0, second tile): zeros
     starts = torch.tensor([0, 2 * b + 5]) if padded else None
     ref = block_sparse_attention_reference(
-        q, k, v, idx, cnt, b, True, None, starts, query_block=tile
+        q, k, v, BlockLists(idx, cnt, b, query_block=tile, seq_start=starts)
     )
     if padded:
         k, v = with_room(k, 7), with_room(v, 7)
@@ -220,11 +228,23 @@ def test_tile_lists_equal_their_rows_lists(query_rows):
     starts = torch.tensor([21])
     for causal in (True, False):
         tiled = block_sparse_attention_triton(
-            q, k, v, idx, cnt, b, causal, None, starts, query_block=b * query_rows
+            q,
+            k,
+            v,
+            BlockLists(idx, cnt, b, query_block=b * query_rows, seq_start=starts),
+            causal,
+            None,
         )
-        rows = block_sparse_attention_triton(q, k, v, r_idx, r_cnt, b, causal, None, starts)
+        rows = block_sparse_attention_triton(
+            q, k, v, BlockLists(r_idx, r_cnt, b, seq_start=starts), causal, None
+        )
         ref = block_sparse_attention_reference(
-            q, k, v, idx, cnt, b, causal, None, starts, query_block=b * query_rows
+            q,
+            k,
+            v,
+            BlockLists(idx, cnt, b, query_block=b * query_rows, seq_start=starts),
+            causal,
+            None,
         )
         assert rel_err(tiled, ref) < 1e-5 and rel_err(rows, ref) < 1e-5
 
