@@ -6,7 +6,7 @@ the same for the scores q @ k^T without forming them. On CPU both run block_soft
 loaded by kernels/native.py); elsewhere, without a compiler, or with SKETCHWALK_NATIVE=0 the
 torch reference below (and the torch product). Why C: torch's mask, softmax and block sum are
 three passes that write and re-read every probability, and the product before them writes every
-score; the C loops keep a row, or a tile of rows, in cache (docs/speed.md has the measurements).
+score; the C loops keep a row, or a tile of rows, in cache (docs/notes/speed-log.md has the measurements).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Block-sparse attention that is actually fast on CPU: the entry point of the CPU backend.
 
-Where each case runs (measured on the project's CPUs, see docs/speed.md):
+Where each case runs (measured on the project's CPUs, see docs/notes/speed-log.md):
 - causal prefill, float32, blocks and tiles in multiples of 16: C (kernels/prefill_attention.py:
   both products in register tiles over the listed blocks, no gathers);
 - other prefills and chunks: the torch path (kernels/cpu_prefill.py: interior blocks without
@@ -30,7 +30,7 @@ def block_sparse_attention_cpu(
     """Same contract as kernels.reference.block_sparse_attention_reference; returns q's dtype.
 
     Long query tiles over fine key blocks (lists.query_block) keep every flash-kernel call long
-    (see docs/speed.md)."""
+    (see docs/notes/speed-log.md)."""
     bsz, h, lq, d = q.shape
     hkv = k.shape[1]
     b, qt = lists.block_size, lists.rows_per_list

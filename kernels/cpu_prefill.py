@@ -1,6 +1,6 @@
 """The CPU prefill's torch path (kernels/cpu.py says when it runs instead of the C kernel).
 
-Why it is shaped like this (measured on the project's 2-core AVX-512 CPU, see docs/speed.md):
+Why it is shaped like this (measured on the project's 2-core AVX-512 CPU, see docs/notes/speed-log.md):
 - Each (batch, head group, query block) row splits its selected key blocks into *interior* blocks,
   fully visible to every query of the block (no mask at all), and a few *edge* blocks (the causal
   diagonal, a block cut by the left-padding start, the partial last block) that need a mask.
@@ -33,7 +33,7 @@ from .parts import run_in_parts, workers
 _RUN_SLACK = 4  # blocks a row may give up to share its sink run with its neighbours
 
 
-_WINDOW_SLACK = 8  # and its window: measured on real layers, 8 beat 4 (see docs/speed.md)
+_WINDOW_SLACK = 8  # and its window: measured on real layers, 8 beat 4 (see docs/notes/speed-log.md)
 
 
 _MIN_TILES_PER_PART = 4  # query tiles per thread below which one call does it all
@@ -410,7 +410,7 @@ def _prefill(
 
     # Short contexts: a row's listed blocks and its tile's diagonal blocks in one gathered call,
     # no merges. Faster up to ~4k keys; beyond, the gathers grow faster than the merges they
-    # save (docs/speed.md). Rows whose diagonal blocks are not all listed, whole and aligned (a
+    # save (docs/notes/speed-log.md). Rows whose diagonal blocks are not all listed, whole and aligned (a
     # partial last tile, padding) take the pieces below.
     whole = torch.zeros(r_all, dtype=torch.bool)
     if causal and lk <= _WHOLE_ROWS_MAX_KEYS and plan.edge.shape[1] >= r_tile:

@@ -4,7 +4,7 @@ decode_attention.c, built by kernels/native.py.
 Why: a sparse decode step is memory-bound and short. The torch paths gather the listed blocks (or
 keep a gathered buffer across steps) and call SDPA; with the cache cold, as in a model where every
 other layer's weights pass between two calls of a layer, that ran at 2.5-4 GB/s. The C loop reads
-each listed K and V row once for all the query heads that share it (docs/speed.md has the
+each listed K and V row once for all the query heads that share it (docs/notes/speed-log.md has the
 measurements). Same contract as kernels/reference.py for one query row; returns None where it
 does not apply (not CPU, not float32, no compiled library), and the caller takes its torch path.
 """

@@ -4,7 +4,7 @@ Why: work made of many short ops (the sparse kernel's flash calls and gathers, t
 estimator's score chunks) keeps the second core idle much of the time when each op is
 parallelised on its own, and with passive OpenMP waits (`OMP_WAIT_POLICY=PASSIVE`, which the
 `sketchwalk` command sets) every op first wakes a sleeping thread. Cutting the work into one part
-per core, each on one thread, keeps both cores busy (docs/speed.md has the measurements).
+per core, each on one thread, keeps both cores busy (docs/notes/speed-log.md has the measurements).
 """
 
 from __future__ import annotations

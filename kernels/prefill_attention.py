@@ -4,7 +4,7 @@ kernels/native.py.
 Why: the torch path (kernels/cpu.py) runs torch's flash kernel over gathered blocks at dense
 attention's efficiency, plus thousands of small ops around the calls (~25% of a layer at 8k
 tokens). The C kernel scores and sums in register tiles over the listed blocks in place, one call
-per layer and core (docs/speed.md has the measurements). Same contract as kernels/reference.py
+per layer and core (docs/notes/speed-log.md has the measurements). Same contract as kernels/reference.py
 for causal attention; returns None where it does not apply (not CPU, not float32, block size,
 query tile or head dim not a multiple of 16, no compiled library), and the caller takes its torch
 path.

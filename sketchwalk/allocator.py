@@ -6,7 +6,7 @@ glibc returns a freed block above its mmap threshold (adjusted as it goes, at mo
 OS and trims the free top of its heap above the trim threshold, so the next layer faults the same
 pages in again: a fresh 10 MB matmul output took ~9 ms here where a reused one took ~6.5. With
 both thresholds raised a 7376-token sparse prefill of the default model ran ~9% faster and the
-dense one ~5% (docs/speed.md). The price: after a run the process keeps up to its peak heap
+dense one ~5% (docs/notes/speed-log.md). The price: after a run the process keeps up to its peak heap
 resident, and the next run reuses it.
 
 The `sketchwalk` command applies this at start (`SKETCHWALK_KEEP_FREED_MEMORY=0` turns it off;

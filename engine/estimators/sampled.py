@@ -51,7 +51,7 @@ _PART_QUERIES = 32  # scored queries a thread must get to be worth starting
 def score_dtype(name: str, device: torch.device | str) -> torch.dtype:
     """The dtype of the sampled estimator's score product for knob value `name`: "auto" is
     bfloat16 on CUDA and on CPUs with oneDNN bfloat16 (AVX-512 and newer), where the product
-    alone ran ~6x faster than float32 (docs/speed.md); elsewhere emulated bfloat16 can be
+    alone ran ~6x faster than float32 (docs/notes/speed-log.md); elsewhere emulated bfloat16 can be
     slower than float32, so "auto" keeps float32 there."""
     if name != "auto":
         return getattr(torch, name)
