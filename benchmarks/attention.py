@@ -193,18 +193,14 @@ def bench_prefill(
 def _flex_peer(q, k, v, cfg, backend, device) -> tuple[Callable[[], object], dict]:
     """FlexAttention on the lists our kernel runs (selection made once, outside the timing);
     returns the call and its agreement with our output and its BlockMask build time."""
-    from sketchwalk.benchmarks import flex
     from sketchwalk.engine.pipeline import prefill_selection
+    from sketchwalk.kernels import flex
 
     sel = prefill_selection(q, k, cfg, 5)
     t = q.shape[2]
-    mask, mask_ms = timed(
-        lambda: flex.block_mask(sel.block_index, sel.block_count, cfg.block_size, q.shape[1], t, t),
-        device,
-    )
-    ours = block_sparse_attention(
-        q, k, v, BlockLists(sel.block_index, sel.block_count, cfg.block_size), backend=backend
-    )
+    lists = sel.lists(cfg.block_size)
+    mask, mask_ms = timed(lambda: flex.block_mask(lists, q.shape[1], t, t), device)
+    ours = block_sparse_attention(q, k, v, lists, backend=backend)
     theirs = flex.flex_attend(q, k, v, mask)  # compiles on first use
     diff = float((ours.float() - theirs.float()).abs().max())
     return (lambda: flex.flex_attend(q, k, v, mask)), {

@@ -131,7 +131,7 @@ MODULES = [
     "torch", "triton", "transformers",
     "sketchwalk.kernels", "sketchwalk.kernels.reference", "sketchwalk.kernels.triton_dispatch",
     "sketchwalk.engine.pipeline", "sketchwalk.engine.hook", "sketchwalk.engine.timing",
-    "sketchwalk.benchmarks.attention", "sketchwalk.benchmarks.flex", "sketchwalk.benchmarks.model",
+    "sketchwalk.benchmarks.attention", "sketchwalk.kernels.flex", "sketchwalk.benchmarks.model",
     "sketchwalk.benchmarks.random_model", "sketchwalk.cli.bench",
 ]  # fmt: skip
 OPTIONAL = ["sketchwalk.kernels.triton_block_mass", "flash_attn", "sqlalchemy", "duckdb"]
@@ -149,7 +149,7 @@ def stage_env(ctx: Context) -> None:
     import torch
 
     import sketchwalk
-    from sketchwalk.benchmarks.flex import flex_available
+    from sketchwalk.kernels.flex import available as flex_available
 
     dev = _dev(ctx)
     dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -327,8 +327,8 @@ def _interleaved(a: Callable, b: Callable, device, repeats: int) -> tuple[float,
 
 def stage_attention(ctx: Context) -> None:
     from sketchwalk.benchmarks.attention import run_attention_bench
-    from sketchwalk.benchmarks.flex import flex_available
     from sketchwalk.engine.config import preset
+    from sketchwalk.kernels.flex import available as flex_available
 
     dev = _dev(ctx)
     # the interpreter has no bf16; compiling Flex on a CPU takes minutes

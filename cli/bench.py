@@ -9,6 +9,7 @@ import os
 import sys
 
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.kernels.backends import REGISTRY
 
 from .knobs import add_config_args, config_from_args
 
@@ -38,9 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     p.add_argument("--repeats", type=int, default=3, metavar="N")
     p.add_argument("--phase", default="prefill", choices=["prefill", "decode", "both"])
-    p.add_argument(
-        "--backend", default=None, choices=["cpu", "triton", "reference"], help="kernel backend"
-    )
+    p.add_argument("--backend", default=None, choices=list(REGISTRY), help="kernel backend")
     p.add_argument(
         "--flex",
         action="store_true",
@@ -94,9 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--repeats", type=int, default=3, metavar="N")
     m.add_argument("--prompt-file", default=str(DEFAULT_TEXT), metavar="FILE")
     m.add_argument("--all-logits", action="store_true", help="prefill computes every logit")
-    m.add_argument(
-        "--backend", default=None, choices=["cpu", "triton", "reference"], help="kernel backend"
-    )
+    m.add_argument("--backend", default=None, choices=list(REGISTRY), help="kernel backend")
     m.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     add_config_args(m, exclude=("density", "block_size"))  # --decode-reselect among them
     m.set_defaults(func=run_model)
@@ -117,7 +114,7 @@ def _validate(args: argparse.Namespace) -> None:
     if b is not None and (b < 1 or b & (b - 1)):
         raise SketchWalkError(f"block size must be a positive power of two, got {b}")
     if args.flex:
-        from sketchwalk.benchmarks.flex import flex_available
+        from sketchwalk.kernels.flex import available as flex_available
 
         if not flex_available():
             raise SketchWalkError("--flex needs torch.nn.attention.flex_attention (torch >= 2.5)")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sketchwalk.cli.knobs import add_config_args, config_from_args
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.kernels.backends import REGISTRY
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -49,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="retrieval generator seed")
     p.add_argument("--max-chunks", type=int, default=None, help="at most N chunks per document")
     p.add_argument("--new-tokens", type=int, default=8, help="greedy tokens for answered items")
-    p.add_argument("--backend", default=None, choices=["cpu", "triton", "reference"])
+    p.add_argument("--backend", default=None, choices=list(REGISTRY))
     p.add_argument("--db", metavar="URL", help="store URL or DuckDB file (default: $SKETCHWALK_DB)")
     p.add_argument("--no-store", action="store_true", help="do not write the rows to the store")
     p.add_argument("--out", metavar="DIR", help="folder for table, JSON, Parquet, HTML and PNG")

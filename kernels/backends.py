@@ -109,6 +109,8 @@ REGISTRY: dict[str, Backend] = {
             "triton_dispatch:block_sparse_attention_triton",
             BackendLimits(min_block=16, power_of_two=True),
         ),
+        # PyTorch's FlexAttention on the same lists (prefill; decode takes the device's kernel)
+        Backend("flex", "flex:block_sparse_attention_flex", BackendLimits(16, True)),
     )
 }
 BACKENDS = ("auto", *REGISTRY)
