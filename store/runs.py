@@ -139,17 +139,19 @@ class RunsMixin:
                             "heartbeat_at": now,
                         },
                     )
+                # the run row next: held from here to the commit, so recovery (SKIP LOCKED)
+                # leaves a run being saved alone; the server's timeouts bound how long
+                conn.execute(
+                    schema.runs.update()
+                    .where(schema.runs.c.id == run_id)
+                    .values(**fields, status="done", error=None, updated_at=now, finished_at=now)
+                )
                 self._delete_rows(conn, run_id, keep_run=True)
                 key = {"run_id": run_id}
                 self._insert(conn, schema.layer_stats, stats, key)
                 self._insert(conn, schema.block_scores, scores, key)
                 self._insert(conn, schema.blocks, spans, key)
                 self._insert(conn, schema.tokens, toks, key)
-                conn.execute(
-                    schema.runs.update()
-                    .where(schema.runs.c.id == run_id)
-                    .values(**fields, status="done", error=None, updated_at=now, finished_at=now)
-                )
         except JobLostError:
             raise
         except BaseException as exc:
