@@ -16,13 +16,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine
 
 from sketchwalk.store import schema, target
 from sketchwalk.store.errors import (
     SchemaVersionError,
-    StoreCorruptError,
     StoreBusyError,
+    StoreCorruptError,
     StoreError,
     StoreLockedError,
 )
