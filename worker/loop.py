@@ -19,6 +19,7 @@ the run, and the job goes back to the queue or is dropped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -159,7 +160,6 @@ def execute_job(
             dtype=settings.dtype,
             exact_max_tokens=settings.exact_max_tokens,
         )
-        access.load().check_model(request.model)  # whoever queued it, only listed models
     except SketchWalkError as exc:
         message = first_line(exc)
         retrying(
@@ -287,6 +287,9 @@ class Worker:
             return None
         self.current_job = job.id
         self._lost.clear()
+        if not self._admit(job):
+            self.current_job = None
+            return job.id
         beating = threading.Event()
         beat = threading.Thread(
             target=self._heartbeat,
@@ -314,6 +317,27 @@ class Worker:
                 beat.join(timeout=5)
             self.current_job = None
         return job.id
+
+    def _admit(self, job) -> bool:
+        """The deployment's model list, for every job kind and runner, before anything loads:
+        a job naming no model gets the deployment's default; one naming an unlisted model is
+        failed (through its claim) in a line that reveals nothing about the model."""
+        try:
+            model = access.load().job_model(job.request.get("model"))
+        except SketchWalkError as exc:
+            from sketchwalk.worker.lifecycle import first_line, retrying
+
+            message = first_line(exc)
+            with contextlib.suppress(JobLostError):  # recovered meanwhile: not ours to write
+                retrying(
+                    lambda: self.store.finish_job(job.id, error=message, claim=job.claim),
+                    "record the refusal",
+                )
+            log.warning("worker %s: refused job %s: %s", self.name, job.id, message)
+            return False
+        if model is not None or "model" in job.request:
+            job.request = {**job.request, "model": model}
+        return True
 
     @property
     def shared_store(self) -> bool:

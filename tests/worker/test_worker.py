@@ -256,6 +256,54 @@ def test_a_job_for_an_unlisted_model_fails_and_stores_nothing(
     assert len(store.run_ids()) == 1
 
 
+def _listed_only(tmp_path, monkeypatch, tiny_model: str) -> None:
+    """A deployment whose list holds the tiny model only (its default too)."""
+    settings = tmp_path / "app.toml"
+    settings.write_text(f'[models]\n[models.allowed]\ntiny = "{tiny_model}"\n')
+    monkeypatch.setenv("SKETCHWALK_APP_CONFIG", str(settings))
+
+
+def test_every_job_kind_is_held_to_the_list_and_refusals_reveal_nothing(
+    store, tiny_model, models, tmp_path, monkeypatch
+):
+    import shutil
+
+    from sketchwalk.eval.job import eval_request
+
+    elsewhere = tmp_path / "unlisted-but-real"
+    shutil.copytree(tiny_model, elsewhere)  # a loadable model that is not on the list
+    _listed_only(tmp_path, monkeypatch, tiny_model)
+    before = models.loads
+    refused = [
+        store.enqueue_job(eval_request(model=str(elsewhere), lengths=[256], new_tokens=2)),
+        store.enqueue_job(eval_request(model="/no/such/folder", lengths=[256], new_tokens=2)),
+        store.enqueue_job(make_request(TEXT, tiny_config(), str(elsewhere), 2)),
+        store.enqueue_job(make_request(TEXT, tiny_config(), "/no/such/folder", 2)),
+        store.enqueue_job({"kind": "eval", "model": ["not", "a", "name"]}),
+    ]
+    Worker(store, models=models).drain()
+    errors = {store.get_job(j).error for j in refused[:4]}
+    assert len(errors) == 1  # the same line whether the path exists or not, for both kinds
+    (error,) = errors
+    assert "not on this deployment's list" in error
+    assert "unlisted" not in error and "/no/such" not in error
+    assert all(store.get_job(j).status == "failed" for j in refused)
+    assert models.loads == before  # nothing was loaded to find out
+    assert store.eval_results().empty and store.run_ids() == []
+
+
+def test_a_job_naming_no_model_gets_the_deployments_default(
+    store, tiny_model, models, tmp_path, monkeypatch
+):
+    _listed_only(tmp_path, monkeypatch, tiny_model)
+    job_id = store.enqueue_job(make_request(TEXT, tiny_config(), None, 2))
+    Worker(store, models=models).drain()
+    job = store.get_job(job_id)
+    assert job.status == "done", job.error
+    run = store.get_run(job.run_id)  # the listed default, never the engine's unlisted one
+    assert run["model_id"] == tiny_model and run["request"]["model"] == tiny_model
+
+
 @pytest.mark.heavy
 def test_a_standalone_worker_sizes_torch_threads(tmp_path):
     db = str(tmp_path / "t.duckdb")
