@@ -56,6 +56,8 @@ class Settings:
     threads: int = 1
     import_max_member_mb: int = 2048  # SKETCHWALK_IMPORT_MAX_MB: largest file of an import
     import_max_total_mb: int = 8192  # SKETCHWALK_IMPORT_MAX_TOTAL_MB: all files of an import
+    import_max_decoded_mb: int = 1024  # SKETCHWALK_IMPORT_MAX_DECODED_MB: a table, once decoded
+    import_max_rows: int = 1 << 25  # SKETCHWALK_IMPORT_MAX_ROWS: rows of one table of an import
     run_stale_s: float = 120.0  # SKETCHWALK_RUN_STALE_S: a running CLI run silent this long died
     job_max_attempts: int = 3  # SKETCHWALK_JOB_MAX_ATTEMPTS: claims before a dying job fails
     # Server databases: every lock wait and every transaction is bounded, so one frozen process
@@ -86,6 +88,8 @@ def load() -> Settings:
         threads=threads,
         import_max_member_mb=_positive("IMPORT_MAX_MB", 2048),
         import_max_total_mb=_positive("IMPORT_MAX_TOTAL_MB", 8192),
+        import_max_decoded_mb=_positive("IMPORT_MAX_DECODED_MB", 1024),
+        import_max_rows=_positive("IMPORT_MAX_ROWS", 1 << 25),
         run_stale_s=_float("RUN_STALE_S", 120.0),
         job_max_attempts=_positive("JOB_MAX_ATTEMPTS", 3),
         db_lock_timeout_s=_seconds("DB_LOCK_TIMEOUT_S", 5.0),

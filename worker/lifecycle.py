@@ -170,16 +170,34 @@ def _is_lost(exc: BaseException) -> bool:
 # ---- staying alive across a short outage -------------------------------------------------
 
 
+DISK_FULL = ("No space left on device", "File too large", "Disk quota exceeded", "disk is full")
+"""How a full disk reads in a driver's error: not transient, retrying only delays the line."""
+DISK_FULL_STATES = ("53100", "53000")  # PostgreSQL disk_full, insufficient_resources
+
+
 def is_transient(exc: BaseException) -> bool:
-    """A lost connection or a restarting server: worth trying again shortly."""
+    """A lost connection, a restarting server, a lock held past its timeout: worth trying
+    again shortly. A full disk is not."""
     import sqlalchemy as sa
 
-    for e in (exc, exc.__cause__):
-        if isinstance(e, sa.exc.OperationalError) or (
+    from sketchwalk.store.errors import StoreBusyError
+
+    chain = [e for e in (exc, exc.__cause__) if e is not None]
+    if any(_disk_full(e) for e in chain):
+        return False
+    for e in chain:
+        if isinstance(e, (sa.exc.OperationalError, StoreBusyError)) or (
             isinstance(e, sa.exc.DBAPIError) and e.connection_invalidated
         ):
             return True
     return False
+
+
+def _disk_full(exc: BaseException) -> bool:
+    orig = getattr(exc, "orig", None) or exc
+    if getattr(orig, "sqlstate", None) in DISK_FULL_STATES:
+        return True
+    return any(words in str(orig) for words in DISK_FULL)
 
 
 def retrying(fn: Callable[[], T], what: str, within_s: float = 30.0) -> T:

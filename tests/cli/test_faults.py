@@ -121,6 +121,21 @@ def test_a_full_disk_during_the_save(db, tiny_model_dir, capsys, monkeypatch):
                 assert n == 0, table.name
 
 
+def test_a_full_disk_at_run_creation(db, tiny_model_dir):
+    with open_store(str(db)):  # an empty store, then a disk with no room for its log
+        pass
+    wal = db.with_name(db.name + ".wal")
+    wal.symlink_to("/dev/full")  # every write the kernel refuses: ENOSPC, no root needed
+    cmd = [sys.executable, "-m", "sketchwalk.cli.main"]
+    cmd += _run(db, tiny_model_dir, PROMPT, "--max-new-tokens", "2")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    lines = out.stderr.strip().splitlines()  # a retry would log a line each: none, at once
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert "cannot create the run" in lines[0] and "No space left on device" in lines[0]
+    wal.unlink()
+    assert _stored(db) == 0
+
+
 @pytest.mark.parametrize(
     "argv",
     [
