@@ -166,6 +166,36 @@ def test_control_characters_are_escaped_in_the_terminal(db, capsys):
     assert "\x1b" not in out and "\x07" not in out and "\\x1b" in out
 
 
+def test_model_output_reaches_the_terminal_escaped(capsys):
+    from sketchwalk.cli.run import print_human, summarize
+    from sketchwalk.engine.records import RunResult
+
+    osc = "\x1b]0;owned\x07\x1b[2J"  # retitle the terminal, clear the screen
+    result = RunResult(
+        model_id=f"org/model{osc}",
+        model_hash=None,
+        prompt="p",
+        prompt_tokens=1,
+        method="sketchwalk",
+        config={},
+        device="cpu",
+        versions={},
+        dense_text=f"line one\n\tindented {osc}",
+        sparse_text="bell\x07 nul\x00 csi\x9b2J",
+        metrics={},
+        timings={},
+        layers=[],
+        blocks=[],
+        tokens=[],
+    )
+    print_human(summarize(result, None))
+    out = capsys.readouterr().out
+    for raw in ("\x1b", "\x07", "\x00", "\x9b"):
+        assert raw not in out
+    assert "\\x1b]0;owned\\x07" in out and "bell\\x07 nul\\x00" in out
+    assert "line one\n\tindented" in out  # a generation's own lines and tabs stay
+
+
 def test_a_sqlite_file_opened_as_duckdb_is_one_line_and_installs_nothing(tmp_path, capsys):
     path = tmp_path / "other.db"
     con = sqlite3.connect(path)
