@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from sketchwalk.engine.records import BlockSpan, LayerRecord, RunResult, TokenRecord
-from sketchwalk.worker.loop import run_engine_job
+from sketchwalk.worker.loop import run_job_kind
 
 
 def mixed(worker, job) -> None:
@@ -24,7 +24,7 @@ def mixed(worker, job) -> None:
         freeze_in_save(worker, job)
         return
     if "sleep_s" not in req:
-        run_engine_job(worker, job)
+        run_job_kind(worker, job)
         return
     store = worker.store
     run_id = store.create_run({"prompt": job.id, "model": worker.name}, status="running")
@@ -98,3 +98,13 @@ def small_result(prompt: str) -> RunResult:
         blocks=[BlockSpan(0, 0, 1, "a"), BlockSpan(1, 1, 2, "b")],
         tokens=[TokenRecord("dense", 0, 1, "a", None, None)],
     )
+
+
+def echo_kind(ctx) -> str:
+    """A job kind in one function (registered by a test with one line in worker.kinds.KINDS):
+    it reports progress and ends the job, every write through the fenced context."""
+    ctx.progress(0.5, "echoing")
+    run_id = ctx.store.create_run({"prompt": ctx.request["text"]}, "running", job=ctx.fence)
+    ctx.store.set_status(run_id, "done")
+    ctx.finish(run_id)
+    return run_id
