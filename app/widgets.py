@@ -43,7 +43,7 @@ def db_url() -> str:
 def _store(url: str) -> Store:
     store = open_store(url)
     if store.engine.dialect.name != "duckdb":  # runs of dead CLI processes (see cli/store.py)
-        from sketchwalk.cli.store import recover_dead_runs
+        from sketchwalk.worker.lifecycle import recover_dead_runs
 
         recover_dead_runs(store)
     return store

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sketchwalk.cli.knobs import add_config_args, config_from_args
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.text import terminal_safe, terminal_text
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -194,7 +195,7 @@ def print_human(s: dict) -> None:
         return "-" if x is None else format(x, spec)
 
     print(
-        f"run {s['run_id'] or '(not stored)'}  model {s['model']}  prompt {s['prompt_tokens']} tokens  method {s['method']}"
+        f"run {s['run_id'] or '(not stored)'}  model {terminal_safe(str(s['model']))}  prompt {s['prompt_tokens']} tokens  method {s['method']}"
     )
     print(
         f"density  target {f(s['density_target'], '.3f')}  achieved {f(s['density_achieved'], '.3f')} (sparse layers)"
@@ -211,4 +212,5 @@ def print_human(s: dict) -> None:
         print(line)
     if s["time_only"]:
         print("time-only run: no per-layer records were kept")
-    print("\n--- dense ---\n" + s["dense_text"] + "\n--- sparse ---\n" + s["sparse_text"])
+    dense, sparse = terminal_text(s["dense_text"]), terminal_text(s["sparse_text"])
+    print("\n--- dense ---\n" + dense + "\n--- sparse ---\n" + sparse)  # model-made: escaped

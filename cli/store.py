@@ -76,6 +76,8 @@ def _short(text: object, width: int) -> str:
 def cmd_runs(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 0:
         raise SketchWalkError(f"--limit must be 0 or more, got {args.limit}")
+    from sketchwalk.worker.lifecycle import recover_dead_runs
+
     with open_store(args.db) as store:
         recover_dead_runs(store)
         df = store.list_runs(
@@ -105,19 +107,6 @@ def cmd_runs(args: argparse.Namespace) -> int:
     for line in [header, *rows]:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
     return 0
-
-
-def recover_dead_runs(store) -> list[str]:
-    """Mark runs whose process died failed, so none stays 'running' forever. This process holds
-    a DuckDB file alone, so every running run there is dead; elsewhere, those whose heartbeat
-    went stale."""
-    from sketchwalk.settings import load
-    from sketchwalk.worker.loop import RESTART_RUN_REASON, run_stale_reason
-
-    if store.engine.dialect.name == "duckdb":
-        return store.recover_runs(RESTART_RUN_REASON)
-    stale = load().run_stale_s
-    return store.recover_runs(run_stale_reason(stale), stale_after_s=stale)
 
 
 def cmd_export(args: argparse.Namespace) -> int:

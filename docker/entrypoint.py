@@ -83,7 +83,8 @@ def backend(url: str) -> str:
 
 
 def safe_url(url: str) -> str:
-    """The URL without its password, for messages."""
+    """The URL without its password, for messages (split at the last `@`: a password may
+    hold one)."""
     if "://" not in url or "@" not in url:
         return url
     scheme, rest = url.split("://", 1)
@@ -92,21 +93,25 @@ def safe_url(url: str) -> str:
     return f"{scheme}://{user}:***@{host}"
 
 
-def require_password(url: str) -> None:
+def require_password(url: str, env: Mapping[str, str] | None = None) -> None:
     """A server database without a password is refused: in compose that means POSTGRES_PASSWORD
-    was not set, and a default password would let anyone on the network into the store."""
+    was not set, and a default password would let anyone on the network into the store. The
+    password may be in the URL or, as compose passes it, in SKETCHWALK_DB_PASSWORD."""
     if backend(url) != "postgresql":
         return
-    from sqlalchemy.engine import make_url
+    if (env or {}).get("SKETCHWALK_DB_PASSWORD"):
+        return
+    from sketchwalk.store.errors import StoreError
+    from sketchwalk.store.target import parse_url
 
     try:
-        password = make_url(url).password
-    except Exception:  # an unparsable URL: the store says so in one line when opened
+        password = parse_url(url).password
+    except StoreError:  # an unparsable URL: the store says so in one line when opened
         return
     if not password:
         raise fail(
             f"refusing to start: the database URL {safe_url(url)} has no password; set "
-            "POSTGRES_PASSWORD (compose) or put one in SKETCHWALK_DB"
+            "POSTGRES_PASSWORD (compose), SKETCHWALK_DB_PASSWORD, or put one in SKETCHWALK_DB"
         )
 
 
@@ -176,7 +181,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         from sketchwalk.store import resolve_url
 
         url = resolve_url(env.get("SKETCHWALK_DB") or None)
-        require_password(url)
+        require_password(url, env)
         try:
             wait_s = float(env.get("SKETCHWALK_DB_WAIT_S", "60"))
         except ValueError:

@@ -61,16 +61,30 @@ class Access:
             raise AccessError(f"model {chosen!r} is not one this deployment offers")
         return self.models[chosen]
 
+    def job_model(self, model: object) -> str | None:
+        """The model a queued job (of any kind) may load, whoever queued it.
+
+        Unrestricted: the job's own (None: the engine's default). Restricted: a listed id, and
+        a job naming none gets this deployment's default (listed by construction), never the
+        engine's. Anything else is refused in a line that names nothing: not the model, not
+        whether such a path or id exists (nothing is looked up before the check).
+        """
+        if model is not None and not isinstance(model, str):
+            raise AccessError("a job's model must be a name or a folder path")
+        if self.models is None:
+            return (model or "").strip() or None
+        if not model:
+            return self.models[self.default_model or ""]
+        if model not in set(self.models.values()):
+            raise AccessError(
+                f"the job's model is not on this deployment's list of models ({ENV_FILE}); "
+                "ask its operator to add it"
+            )
+        return model
+
     def check_model(self, model: str | None) -> None:
         """Refuse a job whose model is not on the list (from whatever queued it)."""
-        if self.models is None:
-            return
-        allowed = set(self.models.values())
-        if (model or self.models.get(self.default_model or "")) not in allowed:
-            raise AccessError(
-                f"model {str(model)[:80]!r} is not on this deployment's list of models "
-                f"({ENV_FILE}); ask its operator to add it"
-            )
+        self.job_model(model)
 
 
 def load(env: dict[str, str] | None = None) -> Access:

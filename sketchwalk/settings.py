@@ -56,8 +56,16 @@ class Settings:
     threads: int = 1
     import_max_member_mb: int = 2048  # SKETCHWALK_IMPORT_MAX_MB: largest file of an import
     import_max_total_mb: int = 8192  # SKETCHWALK_IMPORT_MAX_TOTAL_MB: all files of an import
+    import_max_decoded_mb: int = 1024  # SKETCHWALK_IMPORT_MAX_DECODED_MB: a table, once decoded
+    import_max_rows: int = 1 << 25  # SKETCHWALK_IMPORT_MAX_ROWS: rows of one table of an import
     run_stale_s: float = 120.0  # SKETCHWALK_RUN_STALE_S: a running CLI run silent this long died
     job_max_attempts: int = 3  # SKETCHWALK_JOB_MAX_ATTEMPTS: claims before a dying job fails
+    # Server databases: every lock wait and every transaction is bounded, so one frozen process
+    # (SIGSTOP, swapped out) inside its transaction cannot stall the others.
+    db_lock_timeout_s: float = 5.0  # SKETCHWALK_DB_LOCK_TIMEOUT_S: longest wait for a row lock
+    db_idle_tx_s: float = 30.0  # SKETCHWALK_DB_IDLE_TX_S: a transaction idle this long is cut off
+    db_statement_s: float = 600.0  # SKETCHWALK_DB_STATEMENT_S: longest single statement
+    view_max_blocks: int = 4096  # SKETCHWALK_VIEW_MAX_BLOCKS: widest layer the explorer draws
 
 
 def load() -> Settings:
@@ -80,8 +88,14 @@ def load() -> Settings:
         threads=threads,
         import_max_member_mb=_positive("IMPORT_MAX_MB", 2048),
         import_max_total_mb=_positive("IMPORT_MAX_TOTAL_MB", 8192),
+        import_max_decoded_mb=_positive("IMPORT_MAX_DECODED_MB", 1024),
+        import_max_rows=_positive("IMPORT_MAX_ROWS", 1 << 25),
         run_stale_s=_float("RUN_STALE_S", 120.0),
         job_max_attempts=_positive("JOB_MAX_ATTEMPTS", 3),
+        db_lock_timeout_s=_seconds("DB_LOCK_TIMEOUT_S", 5.0),
+        db_idle_tx_s=_seconds("DB_IDLE_TX_S", 30.0),
+        db_statement_s=_seconds("DB_STATEMENT_S", 600.0),
+        view_max_blocks=_positive("VIEW_MAX_BLOCKS", 4096),
     )
 
 
@@ -89,4 +103,12 @@ def _positive(name: str, default: int) -> int:
     value = _int(name, default)
     if value < 1:
         raise SketchWalkError(f"{ENV_PREFIX}{name} must be at least 1, got {value}")
+    return value
+
+
+def _seconds(name: str, default: float) -> float:
+    """A timeout: positive and finite (a database takes 0 as "no limit", which is not one)."""
+    value = _float(name, default)
+    if not 0 < value < 1e7:
+        raise SketchWalkError(f"{ENV_PREFIX}{name} must be a positive number of seconds")
     return value

@@ -14,6 +14,12 @@ def terminal_safe(text: str) -> str:
     )
 
 
+def terminal_text(text: str) -> str:
+    """Multi-line text (a model's generation) for a terminal: line breaks and tabs kept, every
+    other control character (ESC of an OSC or CSI sequence, BEL, NUL, ...) shown escaped."""
+    return "".join(ch if ch in "\n\t" else terminal_safe(ch) for ch in text)
+
+
 _MARKDOWN = set("\\`*_[]<>#|~$")
 """What turns text into links, images, code, emphasis, HTML, headings, tables or math; list
 markers matter only at the start of a line and are escaped there."""

@@ -16,11 +16,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import sqlalchemy as sa
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine
 
-from sketchwalk.store import schema
+from sketchwalk.store import schema, target
 from sketchwalk.store.errors import (
     SchemaVersionError,
+    StoreBusyError,
     StoreCorruptError,
     StoreError,
     StoreLockedError,
@@ -61,19 +62,28 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
+ENV_PASSWORD = "SKETCHWALK_DB_PASSWORD"
+"""A server password kept out of the URL (compose sets it), so it needs no URL encoding."""
+
+
 def create_engine(url: str) -> Engine:
-    """An engine for `url`, creating a DuckDB file's folder first so a first run just works."""
-    try:
-        parsed = make_url(url)
-    except sa.exc.ArgumentError as exc:
-        raise StoreError(f"not a database URL: {url!r} ({exc})") from None
+    """An engine for `url`, creating a DuckDB file's folder first so a first run just works.
+
+    A DuckDB target must be a database (store/target.py), checked before anything is created;
+    a server connection gets the lock, idle-transaction and statement timeouts of the settings.
+    """
+    parsed = target.parse_url(url)
     if parsed.get_backend_name() == "duckdb" and parsed.database in (None, "", ":memory:"):
         # A plain ":memory:" is a separate database per connection (per thread in the pool);
         # a named one is shared by every connection of this process, like a file.
         parsed = parsed.set(database=f":memory:sketchwalk_{uuid.uuid4().hex}")
     parsed = with_driver(parsed)
+    server = parsed.get_backend_name() == "postgresql"
+    if server and not parsed.password and os.environ.get(ENV_PASSWORD):
+        parsed = parsed.set(password=os.environ[ENV_PASSWORD])
     path = duckdb_path(parsed)
     if path is not None:
+        target.check_duckdb_path(path)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -82,16 +92,48 @@ def create_engine(url: str) -> Engine:
             ) from None
     # A server may restart or drop idle connections under a long-lived worker: check each
     # pooled connection before use instead of failing the next job.
-    options: dict = {"pool_pre_ping": True} if parsed.get_backend_name() == "postgresql" else {}
+    options: dict = {"pool_pre_ping": True} if server else {}
     if parsed.get_backend_name() == "duckdb":
         # Opening a foreign file (SQLite, say) must not make DuckDB download an extension.
         options["connect_args"] = {
             "config": {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
         }
     try:
-        return sa.create_engine(parsed, **options)
+        engine = sa.create_engine(parsed, **options)
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError, ImportError) as exc:
-        raise StoreError(f"cannot use database URL {url!r}: {exc}") from None
+        where = parsed.render_as_string(hide_password=True)
+        raise StoreError(f"cannot use database URL {where!r}: {scrub(str(exc), parsed)}") from None
+    if server:
+        sa.event.listen(engine, "connect", _bounded_waits)
+    return engine
+
+
+def _bounded_waits(dbapi_conn: object, record: object) -> None:
+    """Every server session waits at most SKETCHWALK_DB_LOCK_TIMEOUT_S for a lock, and the
+    server ends a session idle inside a transaction for SKETCHWALK_DB_IDLE_TX_S (a frozen
+    worker's locks are released and its job is recovered) or a statement running longer than
+    SKETCHWALK_DB_STATEMENT_S."""
+    from sketchwalk.settings import load
+
+    s = load()
+    cursor = dbapi_conn.cursor()  # type: ignore[attr-defined]
+    try:
+        for name, seconds in (
+            ("lock_timeout", s.db_lock_timeout_s),
+            ("idle_in_transaction_session_timeout", s.db_idle_tx_s),
+            ("statement_timeout", s.db_statement_s),
+        ):
+            cursor.execute(f"SET {name} = {max(1, int(seconds * 1000))}")
+    finally:
+        cursor.close()
+    dbapi_conn.commit()  # type: ignore[attr-defined]
+
+
+def scrub(text: str, url: URL) -> str:
+    """`text` without the URL's password (drivers may echo parts of a connection string)."""
+    if url.password:
+        text = text.replace(str(url.password), "***")
+    return text
 
 
 def with_driver(url: URL) -> URL:
@@ -109,7 +151,7 @@ _LOCK_PID = re.compile(r"\(PID (\d+)\)")
 
 
 def translate_error(exc: BaseException, url: URL) -> StoreError | None:
-    """Map a driver error on open to a one-line store error, or None when it is something else."""
+    """Map a driver error to a one-line store error, or None when it is something else."""
     message = str(getattr(exc, "orig", None) or exc)
     where = duckdb_path(url) or url.render_as_string(hide_password=True)
     if "Could not set lock on file" in message or "Conflicting lock" in message:
@@ -129,6 +171,17 @@ def translate_error(exc: BaseException, url: URL) -> StoreError | None:
             f"{where} is not a valid DuckDB database file (damaged or another format); "
             "move it away or pass another --db"
         )
+    state = getattr(getattr(exc, "orig", None), "sqlstate", None)
+    if state == "55P03":  # lock_not_available: SKETCHWALK_DB_LOCK_TIMEOUT_S ran out
+        return StoreBusyError(
+            f"database {where} is busy: a row this needs stayed locked by another process (a "
+            "worker mid-save?) past SKETCHWALK_DB_LOCK_TIMEOUT_S; nothing was changed, try again"
+        )
+    if state == "57014":  # query_canceled: SKETCHWALK_DB_STATEMENT_S ran out
+        return StoreBusyError(
+            f"database {where}: a statement ran past SKETCHWALK_DB_STATEMENT_S and was "
+            "cancelled; nothing was changed"
+        )
     return None
 
 
@@ -145,6 +198,7 @@ def translating(url: URL, opening: bool = False) -> Iterator[None]:
         mapped = translate_error(exc, url)
         if mapped is None and opening:
             first = (str(exc.orig or exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = scrub(first, url)
             where = duckdb_path(url) or url.render_as_string(hide_password=True)
             mapped = StoreError(f"cannot open database {where}: {first}")
         if mapped is None:

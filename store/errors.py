@@ -17,6 +17,11 @@ class StoreLockedError(StoreError):
     """A DuckDB file is held open for writing by another process (DuckDB locks per process)."""
 
 
+class StoreBusyError(StoreError):
+    """A server database kept a lock or a statement past its timeout (another process holds
+    the row, or was frozen holding it); nothing was changed."""
+
+
 class StoreCorruptError(StoreError):
     """The database is not a sketchwalk store: not a DuckDB file, damaged, or someone else's."""
 

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from sketchwalk.store import jsonio, schema
 from sketchwalk.store.bulk import arrow_schema, fetch_arrow, insert_arrow
-from sketchwalk.store.db import utcnow
+from sketchwalk.store.db import db_utcnow, utcnow
 from sketchwalk.store.errors import ExportError, InvalidResultError
 
 EVAL_COLUMNS = tuple(c.name for c in schema.eval_results.columns)
@@ -41,18 +41,36 @@ class EvalsMixin:
     def _connect(self) -> AbstractContextManager[Connection]:  # provided by Store
         raise NotImplementedError
 
-    def save_eval_results(self, rows: Iterable[dict[str, Any]]) -> list[str]:
+    def save_eval_results(
+        self, rows: Iterable[dict[str, Any]], job: tuple[str, str] | None = None
+    ) -> list[str]:
         """Insert eval rows in one transaction; returns their new ids.
 
         Each row needs eval_id, model_id, task, source, length, method, phases, density_target,
         n_items and n_tokens; metric columns may be None; config/extra are dicts (stored as JSON).
+        `job` = (job id, claim token): the same transaction marks that job done, first and only
+        while the claim still owns it; otherwise JobLostError and no row is written.
         """
         prepared = [_prepare(r) for r in rows]
-        if not prepared:
-            return []
         data = pa.Table.from_pylist(prepared, schema=arrow_schema(schema.eval_results))
         with self._begin() as conn:
-            insert_arrow(conn, schema.eval_results, data)
+            if job is not None:
+                now = db_utcnow(conn)
+                self.fence_job(  # type: ignore[attr-defined]  # JobsMixin
+                    conn,
+                    job[0],
+                    job[1],
+                    {
+                        "status": "done",
+                        "progress": 1.0,
+                        "message": "done",
+                        "error": None,
+                        "finished_at": now,
+                        "heartbeat_at": now,
+                    },
+                )
+            if prepared:
+                insert_arrow(conn, schema.eval_results, data)
         return [r["id"] for r in prepared]
 
     def eval_results(self, **filters: str | Iterable[str] | None) -> pd.DataFrame:

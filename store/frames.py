@@ -11,10 +11,39 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from sketchwalk.engine.records import BlockSpan, LayerRecord, RunResult, TokenRecord
-from sketchwalk.store import jsonio
+from sketchwalk.store import jsonio, limits
 from sketchwalk.store.errors import InvalidResultError
+
+NUL_STAND_IN = "\ufffd"
+"""What a NUL in model output is stored as: PostgreSQL text cannot hold NUL, and an export of a
+DuckDB store holding one would be refused by a PostgreSQL import."""
+
+
+def clean_text(text: object) -> str:
+    """Model-made text as the store keeps it, on every database: NUL replaced."""
+    return str(text).replace("\x00", NUL_STAND_IN)
+
+
+def clean_strings(data: pa.Table) -> pa.Table:
+    """`data` with NUL replaced in every string column (exports of stores written before)."""
+    for i, field in enumerate(data.schema):
+        column = data.column(i)
+        if field.type == pa.string() and pc.any(pc.match_substring(column, "\x00")).as_py():
+            data = data.set_column(i, field, pc.replace_substring(column, "\x00", NUL_STAND_IN))
+    return data
+
+
+def check_limits(tables: dict[str, pa.Table], fields: dict) -> None:
+    """Refuse a result past the store's limits (store/limits.py), which an import would refuse."""
+    runs = pa.table({"prompt_tokens": pa.array([fields["prompt_tokens"]], pa.int64())})
+    for name, data in {"runs": runs, **tables}.items():
+        over = limits.first_over(name, data)
+        if over is not None:
+            raise InvalidResultError(f"the result's {name} has {over}; it cannot be stored")
+
 
 MATRICES = ("sketch", "walk", "exact", "selected")
 LAYER_SCALARS = (
@@ -145,7 +174,7 @@ def blocks_table(spans: Sequence[BlockSpan]) -> pa.Table:
             "block": pa.array([int(s.block) for s in spans], type=pa.int32()),
             "token_start": pa.array([int(s.start) for s in spans], type=pa.int32()),
             "token_end": pa.array([int(s.end) for s in spans], type=pa.int32()),
-            "text": pa.array([str(s.text) for s in spans], type=pa.string()),
+            "text": pa.array([clean_text(s.text) for s in spans], type=pa.string()),
         }
     )
 
@@ -156,7 +185,7 @@ def tokens_table(toks: Sequence[TokenRecord]) -> pa.Table:
             "variant": pa.array([str(t.variant) for t in toks], type=pa.string()),
             "position": pa.array([int(t.position) for t in toks], type=pa.int32()),
             "token_id": pa.array([int(t.token_id) for t in toks], type=pa.int32()),
-            "text": pa.array([str(t.text) for t in toks], type=pa.string()),
+            "text": pa.array([clean_text(t.text) for t in toks], type=pa.string()),
             "logprob": pa.array([_opt_float(t.logprob) for t in toks], type=pa.float64()),
             "kl": pa.array([_opt_float(t.kl) for t in toks], type=pa.float64()),
         }
@@ -174,8 +203,8 @@ def run_fields(result: RunResult) -> dict:
         "config": jsonio.dumps(result.config),
         "device": str(result.device),
         "versions": jsonio.dumps(result.versions),
-        "dense_text": str(result.dense_text),
-        "sparse_text": str(result.sparse_text),
+        "dense_text": clean_text(result.dense_text),
+        "sparse_text": clean_text(result.sparse_text),
         "metrics": jsonio.dumps(result.metrics),
         "timings": jsonio.dumps(result.timings),
     }

@@ -1,7 +1,8 @@
 """The job queue the app's background worker and standalone workers take runs from.
 
 Claiming is atomic: on PostgreSQL with SELECT ... FOR UPDATE SKIP LOCKED, so many workers never
-take the same job; on DuckDB (one process) a transaction whose conditional UPDATE either wins or
+take the same job (and recovery takes stale rows the same way: no caller ever waits on a row
+another process holds, even one frozen inside its transaction); on DuckDB (one process) a transaction whose conditional UPDATE either wins or
 hits a write conflict, which we treat as "someone else took it". A running job carries its
 claim token and a heartbeat on the database's clock. Every later write of the job (progress,
 heartbeat, release, failure, and the result save itself) is fenced: an UPDATE conditional on the
@@ -321,17 +322,27 @@ class JobsMixin:
     def recover_runs(self, reason: str, stale_after_s: float | None = None) -> list[str]:
         """Fail runs left 'running' by a process that died: every one (a DuckDB file this
         process holds has no other writer), or, on a shared database, those whose heartbeat
-        (`updated_at`, database clock) is older than `stale_after_s`. The UPDATE re-checks."""
+        (`updated_at`, database clock) is older than `stale_after_s`. The UPDATE re-checks.
+
+        On PostgreSQL the rows are taken with SKIP LOCKED: a run whose row a live (or frozen)
+        process holds inside its save is left to that save, or to the server's idle-transaction
+        timeout, instead of making this caller (`sketchwalk runs`, the app, a worker) wait."""
         r = schema.runs
         with self._begin() as conn:
             now = db_utcnow(conn)
             cond = [r.c.status == "running"]
             if stale_after_s is not None:
                 cond.append(r.c.updated_at < now - timedelta(seconds=float(stale_after_s)))
+            pick = sa.select(r.c.id).where(*cond)
+            if conn.dialect.name == "postgresql":
+                pick = pick.with_for_update(skip_locked=True)
+            ids = list(conn.execute(pick).scalars())
+            if not ids:
+                return []
             return list(
                 conn.execute(
                     r.update()
-                    .where(*cond)
+                    .where(r.c.id.in_(ids), *cond)
                     .values(status="failed", error=reason, updated_at=now, finished_at=now)
                     .returning(r.c.id)
                 ).scalars()

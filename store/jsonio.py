@@ -38,10 +38,11 @@ def loads(text: str | None) -> Any:
 
 def lenient(text: object) -> Any:
     """Parse for display: a value that is not valid JSON (a row damaged before imports were
-    checked) reads as None, so listing and deleting such runs still works."""
+    checked, or nested too deep to parse) reads as None, so listing and deleting such runs
+    still works."""
     if not isinstance(text, str):
         return None
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 from sketchwalk.store import jsonio, schema
 from sketchwalk.store.bulk import fetch_arrow
 from sketchwalk.store.errors import StoreError, UnknownRunError
+from sketchwalk.store.limits import LAST_ROWS_LAYERS, check_view
 
 RUN_JSON_COLUMNS = ("config", "request", "versions", "metrics", "timings")
 LIST_COLUMNS = (
@@ -183,6 +184,7 @@ class ReadsMixin:
         with self._connect() as conn:
             require_run(conn, run_id)
             n, q_blocks = self._layer_record(conn, run_id, phase, step, layer)
+            check_view(n * n, f"layer {layer} ({n} blocks)", _view_max_blocks())
             data = self._scores(
                 conn, run_id, t.c.phase == phase, t.c.step == int(step), t.c.layer == int(layer)
             )
@@ -215,6 +217,8 @@ class ReadsMixin:
                 .where(ls.c.run_id == run_id, ls.c.phase == "decode", ls.c.layer == int(layer))
                 .order_by(ls.c.step)
             ).all()
+            width = max((int(r[1]) for r in recs), default=0)
+            check_view(len(recs) * width, f"layer {layer}'s decode rows", _view_max_blocks())
             data = self._scores(conn, run_id, t.c.phase == "decode", t.c.layer == int(layer))
         steps = np.array([r[0] for r in recs], dtype=np.int64)
         n_blocks = np.array([r[1] for r in recs], dtype=np.int64)
@@ -257,6 +261,9 @@ class ReadsMixin:
                 .where(ls.c.run_id == run_id, ls.c.phase.in_(("prefill", "decode")))
                 .order_by(ls.c.phase.desc(), ls.c.step, ls.c.layer)
             ).all()
+            cells = sum(int(r[4]) for r in recs)
+            what = "the run's last rows (every layer and step)"
+            check_view(cells, what, _view_max_blocks(), layers=LAST_ROWS_LAYERS)
             last = {(r[0], int(r[1]), int(r[2])): max(jsonio.loads(r[5]), default=-1) for r in recs}
             pre = max((q for (ph, _, _), q in last.items() if ph == "prefill"), default=-1)
             stmt = sa.select(
@@ -299,6 +306,12 @@ class ReadsMixin:
             item["selected"] = sel
             out.append(item)
         return out
+
+
+def _view_max_blocks() -> int:
+    from sketchwalk.settings import load
+
+    return load().view_max_blocks
 
 
 def _floats(column: pa.ChunkedArray) -> np.ndarray:

@@ -59,6 +59,24 @@ class RunsMixin:
         if not isinstance(config, dict):
             raise InvalidResultError("a run request's 'config' must be a dict")
         run_id = str(uuid.uuid4())
+        try:
+            self._insert_run(run_id, request, status, config, job)
+        except Exception as exc:
+            if not _is_driver_error(exc):
+                raise
+            line = _first_line(getattr(exc, "orig", None) or exc)
+            raise SaveError(f"cannot create the run: {line}; nothing was stored") from exc
+        return run_id
+
+    def _insert_run(
+        self,
+        run_id: str,
+        request: dict[str, Any],
+        status: str,
+        config: dict[str, Any],
+        job: tuple[str, str] | None,
+    ) -> None:
+        """The run row (and its job link) in one transaction."""
         with self._begin() as conn:
             now = db_utcnow(conn)
             conn.execute(
@@ -78,7 +96,6 @@ class RunsMixin:
                 self.fence_job(  # type: ignore[attr-defined]  # JobsMixin
                     conn, job[0], job[1], {"run_id": run_id, "message": "starting"}
                 )
-        return run_id
 
     def set_status(self, run_id: str, status: str, error: str | None = None) -> None:
         """Move a run to `status` (queued/running/done/failed), keeping an error text if given."""
@@ -122,6 +139,10 @@ class RunsMixin:
             spans = frames.blocks_table(result.blocks)
             toks = frames.tokens_table(result.tokens)
             fields = frames.run_fields(result)
+            frames.check_limits(
+                {"layer_stats": stats, "block_scores": scores, "blocks": spans, "tokens": toks},
+                fields,
+            )
             with self._begin() as conn:
                 now = db_utcnow(conn)
                 if job is not None:
@@ -139,17 +160,19 @@ class RunsMixin:
                             "heartbeat_at": now,
                         },
                     )
+                # the run row next: held from here to the commit, so recovery (SKIP LOCKED)
+                # leaves a run being saved alone; the server's timeouts bound how long
+                conn.execute(
+                    schema.runs.update()
+                    .where(schema.runs.c.id == run_id)
+                    .values(**fields, status="done", error=None, updated_at=now, finished_at=now)
+                )
                 self._delete_rows(conn, run_id, keep_run=True)
                 key = {"run_id": run_id}
                 self._insert(conn, schema.layer_stats, stats, key)
                 self._insert(conn, schema.block_scores, scores, key)
                 self._insert(conn, schema.blocks, spans, key)
                 self._insert(conn, schema.tokens, toks, key)
-                conn.execute(
-                    schema.runs.update()
-                    .where(schema.runs.c.id == run_id)
-                    .values(**fields, status="done", error=None, updated_at=now, finished_at=now)
-                )
         except JobLostError:
             raise
         except BaseException as exc:
@@ -180,6 +203,11 @@ class RunsMixin:
             if keep_run and table is schema.runs:
                 continue
             conn.execute(table.delete().where(schema.run_key(table) == run_id))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def _is_driver_error(exc: BaseException) -> bool:

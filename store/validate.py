@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
 
-from sketchwalk.store import schema
+from sketchwalk.store import limits, schema
 from sketchwalk.store.errors import ForeignExportError
 
 PHASES = ("prefill", "decode")
@@ -95,6 +95,8 @@ class _Checker:
     def ranges(self) -> None:
         for name in NON_NEGATIVE.get(self.table.name, ()):
             self.fail(name, pc.less(self.data[name], 0), "is negative")
+        for name, most in limits.UPPER.get(self.table.name, {}).items():
+            self.fail(name, pc.greater(self.data[name], most), f"is over the store's limit {most}")
         for name in UNIT_INTERVAL.get(self.table.name, ()):
             values = self.data[name]
             bad = pc.or_(pc.less(values, 0.0), pc.greater(values, 1.0))
@@ -138,21 +140,40 @@ class _Checker:
                 self.fail(column, pa.array([j == i for j in range(self.data.num_rows)]), why)
 
 
-def _json_object(text: object) -> bool:
+def _json(text: object) -> object:
+    """Parsed JSON, or a sentinel for text that is not JSON (or nested too deep to parse)."""
     try:
-        return isinstance(json.loads(str(text)), dict)
-    except ValueError:
-        return False
+        return json.loads(str(text))
+    except (ValueError, RecursionError):
+        return _NOT_JSON
+
+
+_NOT_JSON = object()
+
+
+def _json_object(text: object) -> bool:
+    return isinstance(_json(text), dict)
 
 
 def _json_int_list(text: object) -> bool:
-    try:
-        value = json.loads(str(text))
-    except ValueError:
-        return False
+    value = _json(text)
     return isinstance(value, list) and all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < limits.MAX_BLOCKS for v in value
     )
+
+
+def _q_blocks_inside(where: str, data: pa.Table) -> None:
+    """Each record's query blocks lie inside its n_blocks (the views index rows by them)."""
+    for i, (text, n) in enumerate(
+        zip(data["q_blocks"].to_pylist(), data["n_blocks"].to_pylist(), strict=True)
+    ):
+        value = _json(text)
+        if isinstance(value, list) and (len(value) > n or any(v >= n for v in value)):
+            run = data["run_id"][i].as_py()
+            raise ForeignExportError(
+                f"{where}: column 'q_blocks' of run {str(run)[:40]!r} (row {i}) lies outside its "
+                "n_blocks; the export is damaged, nothing was imported"
+            )
 
 
 def check_table(where: str, table: sa.Table, data: pa.Table) -> None:
@@ -177,6 +198,7 @@ def check_table(where: str, table: sa.Table, data: pa.Table) -> None:
     elif table is schema.layer_stats:
         c.phases()
         c.each("q_blocks", _json_int_list, "is not a JSON list of block indices")
+        _q_blocks_inside(where, data)
     elif table is schema.block_scores:
         c.phases()
         c.fail("k_block", pc.greater(data["k_block"], data["q_block"]), "is after its query block")

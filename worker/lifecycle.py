@@ -37,6 +37,49 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(f"interrupted by {signal.Signals(signum).name}")
 
 
+class JobInterrupted(BaseException):
+    """Raised at a job's checkpoint to abandon it (any kind): released at a shutdown, or taken
+    over by another process.
+
+    A BaseException so that the job's own error handling (`except Exception`: fail the job with
+    a message) does not swallow it: an interrupted job is released or was taken from us, it did
+    not fail. `requeue` says which.
+    """
+
+    keeps_run_state = True  # the lifecycle writes nothing: release/recovery own the state
+
+    def __init__(self, requeue: bool, reason: str) -> None:
+        super().__init__(reason)
+        self.requeue = requeue
+        self.reason = reason
+
+
+RESTART_RUN_REASON = (
+    "the process running it stopped before it finished (killed or crashed); run it again"
+)
+
+
+def run_stale_reason(timeout_s: float) -> str:
+    """Why a run whose process went silent is failed (CLI runs on a shared database)."""
+    return (
+        f"its process sent no heartbeat for over {timeout_s:g} s (killed or cut off from the "
+        "database); run it again"
+    )
+
+
+def recover_dead_runs(store: Any) -> list[str]:
+    """Mark runs whose process died failed, so none stays 'running' forever: on a DuckDB file
+    this process holds alone, every running run; elsewhere, those whose heartbeat went stale
+    (taken with SKIP LOCKED: a run some process is saving is never waited for). The CLI's
+    `sketchwalk runs` and the app at start call it."""
+    from sketchwalk.settings import load
+
+    if store.engine.dialect.name == "duckdb":
+        return store.recover_runs(RESTART_RUN_REASON)
+    stale = load().run_stale_s
+    return store.recover_runs(run_stale_reason(stale), stale_after_s=stale)
+
+
 @dataclass(frozen=True)
 class JobClaim:
     """The job a run belongs to and the claim token that fences its writes."""
@@ -170,16 +213,34 @@ def _is_lost(exc: BaseException) -> bool:
 # ---- staying alive across a short outage -------------------------------------------------
 
 
+DISK_FULL = ("No space left on device", "File too large", "Disk quota exceeded", "disk is full")
+"""How a full disk reads in a driver's error: not transient, retrying only delays the line."""
+DISK_FULL_STATES = ("53100", "53000")  # PostgreSQL disk_full, insufficient_resources
+
+
 def is_transient(exc: BaseException) -> bool:
-    """A lost connection or a restarting server: worth trying again shortly."""
+    """A lost connection, a restarting server, a lock held past its timeout: worth trying
+    again shortly. A full disk is not."""
     import sqlalchemy as sa
 
-    for e in (exc, exc.__cause__):
-        if isinstance(e, sa.exc.OperationalError) or (
+    from sketchwalk.store.errors import StoreBusyError
+
+    chain = [e for e in (exc, exc.__cause__) if e is not None]
+    if any(_disk_full(e) for e in chain):
+        return False
+    for e in chain:
+        if isinstance(e, (sa.exc.OperationalError, StoreBusyError)) or (
             isinstance(e, sa.exc.DBAPIError) and e.connection_invalidated
         ):
             return True
     return False
+
+
+def _disk_full(exc: BaseException) -> bool:
+    orig = getattr(exc, "orig", None) or exc
+    if getattr(orig, "sqlstate", None) in DISK_FULL_STATES:
+        return True
+    return any(words in str(orig) for words in DISK_FULL)
 
 
 def retrying(fn: Callable[[], T], what: str, within_s: float = 30.0) -> T:

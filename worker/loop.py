@@ -3,7 +3,9 @@
 In the default setup it is a thread inside the app's process, because DuckDB allows one writer
 process and the app already holds the file; `sketchwalk worker` runs the same loop standalone
 (for a server database, one per device). Models load once per (model, dtype, device) and stay
-cached. A job runs through the same lifecycle as `sketchwalk run` (worker/lifecycle.py). Jobs
+cached. Every job kind (worker/kinds.py: runs, evals) gets the same loop: claim, the model
+list, heartbeat, release, recovery, and a context whose every write is fenced by the claim
+(worker/context.py); a run job goes through the same lifecycle as `sketchwalk run`. Jobs
 survive restarts: at start, jobs left 'running' by a dead process are re-queued (until they
 have been claimed SKETCHWALK_JOB_MAX_ATTEMPTS times, then failed with the reason), and queued
 jobs are simply taken in order.
@@ -19,6 +21,7 @@ the run, and the job goes back to the queue or is dropped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -32,13 +35,17 @@ from sketchwalk.errors import SketchWalkError
 from sketchwalk.settings import Settings
 from sketchwalk.settings import load as load_settings
 from sketchwalk.store.errors import JobLostError
+from sketchwalk.worker.lifecycle import (  # noqa: F401  (JobInterrupted: its old home)
+    RESTART_RUN_REASON,
+    JobInterrupted,
+    first_line,
+    retrying,
+    run_stale_reason,
+)
 
 log = logging.getLogger(__name__)
 
 RESTART_REASON = "the worker stopped while this job was running (app or worker restarted)"
-RESTART_RUN_REASON = (
-    "the process running it stopped before it finished (killed or crashed); run it again"
-)
 RELEASE_REASON = "re-queued: worker {name} shut down before finishing it"
 
 
@@ -48,22 +55,6 @@ def stale_reason(timeout_s: float) -> str:
         f"its worker sent no heartbeat for over {timeout_s:g} s (killed, out of memory or cut "
         "off from the database)"
     )
-
-
-class JobInterrupted(BaseException):
-    """Raised at a run's checkpoint to abandon the current job.
-
-    A BaseException so that the job's own error handling (`except Exception`: fail the job with
-    a message) does not swallow it: an interrupted job is released or was taken from us, it did
-    not fail. `requeue` says which.
-    """
-
-    keeps_run_state = True  # the lifecycle writes nothing: release/recovery own the state
-
-    def __init__(self, requeue: bool, reason: str) -> None:
-        super().__init__(reason)
-        self.requeue = requeue
-        self.reason = reason
 
 
 class ModelCache:
@@ -101,107 +92,42 @@ def make_request(
     clean_timing: bool | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """The job request the app and the CLI queue: what a worker needs to reproduce the run.
-    Kept as a plain dict (the job's JSON); the worker reads it back as a RunRequest, which
-    checks every value (time_only and clean_timing as RunRequest declares them)."""
-    return {
-        "prompt": prompt,
-        "model": model or None,
-        "dtype": dtype,
-        "method": config.get("method"),
-        "config": dict(config),
-        "max_new_tokens": int(max_new_tokens),
-        "time_only": time_only,
-        "clean_timing": clean_timing,
-        **extra,
-    }
+    """The run job the app and the CLI queue: a RunRequest (checked here, and again by the
+    worker under its deployment's limits) as its own `to_dict` writes it, the one shape of a
+    run job. What a worker decides for its machine stays open unless given: dtype None (the
+    worker's SKETCHWALK_DTYPE) and no exact_max_tokens (its SKETCHWALK_EXACT_MAX_TOKENS)."""
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.request import RunRequest
+
+    data = RunRequest(
+        prompt=prompt,
+        config=SketchWalkConfig.from_dict(dict(config)),
+        model=model or None,
+        dtype=dtype or "float32",
+        max_new_tokens=max_new_tokens,
+        time_only=time_only,
+        clean_timing=clean_timing,
+        extra=extra,
+    ).to_dict()
+    data.pop("exact_max_tokens")
+    if dtype is None:
+        data["dtype"] = None
+    return data
 
 
-class _Throttle:
-    """Report progress at most every `every_s` seconds (each report is a database write)."""
+def run_job_kind(worker: Worker, job) -> Any:
+    """The default job runner: the registered runner of the job's kind (worker/kinds.py), with
+    a context whose every write is fenced by the claim. An unknown kind fails the job."""
+    from sketchwalk.worker.context import JobContext
+    from sketchwalk.worker.kinds import kind_of, runner
 
-    def __init__(self, fn: Callable[[float, str], None], every_s: float = 0.5) -> None:
-        self.fn, self.every_s, self.last = fn, every_s, 0.0
-
-    def __call__(self, fraction: float, message: str) -> None:
-        now = time.monotonic()
-        if now - self.last >= self.every_s:
-            self.last = now
-            self.fn(fraction, message)
-
-
-def execute_job(
-    store,
-    job,
-    models: ModelCache,
-    settings: Settings,
-    device: str | None = None,
-    checkpoint: Callable[[], None] | None = None,
-) -> str | None:
-    """Run one claimed job to the end through the shared lifecycle; returns the run id (None
-    when nothing was stored).
-
-    The request is checked as a RunRequest under this deployment's limits; the lifecycle records
-    any failure in the run and, through the job's claim, in the job (a worker that lost its job
-    writes nothing). `checkpoint` is called at every progress report; it may raise
-    JobInterrupted, which passes through untouched (the caller releases the job).
-    """
-    from sketchwalk.engine.request import Limits, RunRequest
-    from sketchwalk.worker.lifecycle import JobClaim, execute, first_line, retrying
-
-    check = checkpoint or (lambda: None)
-    device = device or settings.device
-    claim = JobClaim(job.id, getattr(job, "claim", None))
+    ctx = JobContext(worker, job)
     try:
-        request = RunRequest.from_dict(
-            job.request,
-            Limits.from_settings(settings),
-            dtype=settings.dtype,
-            exact_max_tokens=settings.exact_max_tokens,
-        )
-        access.load().check_model(request.model)  # whoever queued it, only listed models
+        kind = kind_of(job.request)
     except SketchWalkError as exc:
-        message = first_line(exc)
-        retrying(
-            lambda: store.finish_job(job.id, error=message, claim=claim.claim),
-            "record the failure",
-        )
+        ctx.fail(str(exc))
         return None
-    check()
-    store.update_job(job.id, 0.0, "loading model", claim=claim.claim)
-
-    def write(fraction: float, message: str) -> None:
-        try:
-            store.update_job(job.id, fraction, message, claim=claim.claim)
-        except JobLostError:
-            raise
-        except Exception as exc:  # a progress write is not worth failing the run for
-            log.warning("job %s: progress write failed: %s", job.id, first_line(exc))
-
-    report = _Throttle(write)
-
-    def progress(fraction: float, message: str) -> None:
-        check()
-        report(fraction, message)
-
-    try:
-        outcome = execute(
-            request,
-            store,
-            lambda model, dtype: models.get(model, dtype, device),
-            progress,
-            job=claim,
-            heartbeat_s=settings.heartbeat_s,
-        )
-    except JobLostError as exc:
-        log.warning("job %s: %s", job.id, exc)
-        return None
-    except SketchWalkError:
-        return None  # recorded by the lifecycle
-    except Exception:  # a bug or the machine: keep the worker alive; the lifecycle recorded it
-        log.exception("job %s failed", job.id)
-        return None
-    return outcome.run_id
+    return runner(kind)(ctx)
 
 
 def worker_name(device: str, kind: str = "app") -> str:
@@ -220,28 +146,9 @@ def recover(store, name: str, max_attempts: int | None = None) -> list[str]:
     return store.recover_jobs(RESTART_REASON, worker=name, max_attempts=max_attempts)
 
 
-def run_stale_reason(timeout_s: float) -> str:
-    """Why a run whose process went silent is failed (CLI runs on a shared database)."""
-    return (
-        f"its process sent no heartbeat for over {timeout_s:g} s (killed or cut off from the "
-        "database); run it again"
-    )
-
-
 JobRunner = Callable[["Worker", Any], Any]
 """(worker, claimed job) -> anything: runs one job and records its outcome in the store. The
-default is the real engine run; tests and other job kinds can plug in their own."""
-
-
-def run_engine_job(worker: Worker, job) -> str | None:
-    """The default job runner: the real dense-vs-sparse run through the engine."""
-    if job.request.get("kind") == "eval":  # an eval grid queued by the Benchmarks page
-        from sketchwalk.eval.job import run_eval_job
-
-        return run_eval_job(worker, job)
-    return execute_job(
-        worker.store, job, worker.models, worker.settings, worker.device, worker.checkpoint
-    )
+default runs the job's registered kind; tests plug in their own."""
 
 
 class Worker:
@@ -261,7 +168,7 @@ class Worker:
         self.device = device or self.settings.device
         self.name = name or worker_name(self.device)
         self.models = models or ModelCache(self.settings.model_cache_size)
-        self.runner: JobRunner = runner or run_engine_job
+        self.runner: JobRunner = runner or run_job_kind
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -287,6 +194,9 @@ class Worker:
             return None
         self.current_job = job.id
         self._lost.clear()
+        if not self._admit(job):
+            self.current_job = None
+            return job.id
         beating = threading.Event()
         beat = threading.Thread(
             target=self._heartbeat,
@@ -314,6 +224,25 @@ class Worker:
                 beat.join(timeout=5)
             self.current_job = None
         return job.id
+
+    def _admit(self, job) -> bool:
+        """The deployment's model list, for every job kind and runner, before anything loads:
+        a job naming no model gets the deployment's default; one naming an unlisted model is
+        failed (through its claim) in a line that reveals nothing about the model."""
+        try:
+            model = access.load().job_model(job.request.get("model"))
+        except SketchWalkError as exc:
+            message = first_line(exc)
+            with contextlib.suppress(JobLostError):  # recovered meanwhile: not ours to write
+                retrying(
+                    lambda: self.store.finish_job(job.id, error=message, claim=job.claim),
+                    "record the refusal",
+                )
+            log.warning("worker %s: refused job %s: %s", self.name, job.id, message)
+            return False
+        if model is not None or "model" in job.request:
+            job.request = {**job.request, "model": model}
+        return True
 
     @property
     def shared_store(self) -> bool:

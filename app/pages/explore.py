@@ -15,6 +15,8 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 from sketchwalk.app import figures, prompts, widgets
 from sketchwalk.engine.records import group_phase, split_phase
 from sketchwalk.engine.request import stored_time_only
+from sketchwalk.settings import load as load_settings
+from sketchwalk.store.limits import view_refusal
 from sketchwalk.store.needle import (
     NeedleNotFound,
     NeedleTrace,
@@ -22,6 +24,7 @@ from sketchwalk.store.needle import (
     needle_steps,
     strip_matrix,
 )
+from sketchwalk.text import plain_markdown
 
 PLAY_INTERVAL_S = 0.8
 PREVIEW_HINT = "The preview re-thresholds stored prefill scores of a sparse layer: pick one above."
@@ -52,6 +55,11 @@ if stats.empty:  # nothing below can be drawn without per-layer records
         )
         + " Compare shows its generations and quality, Speed its timings."
     )
+    st.stop()
+
+too_wide = view_refusal(stats, load_settings().view_max_blocks)  # heatmaps allocate n x n
+if too_wide:
+    st.error(plain_markdown(too_wide))
     st.stop()
 
 # ---- needle: a text in the prompt, followed through every layer and step -------------------

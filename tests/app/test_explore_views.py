@@ -221,3 +221,12 @@ def test_layer_slider_shows_each_layer_and_a_revisit_comes_from_the_view_cache(
     at.select_slider(key="ex_layer").set_value(2).run()
     assert reads == [1, 2, 3]  # the revisit is a cache hit: no store read, no tiling
     assert _charts(at) == shown[2]
+
+
+def test_a_run_too_wide_to_draw_is_refused_in_one_line(known_pair, monkeypatch):
+    _, a, _ = known_pair
+    monkeypatch.setenv("SKETCHWALK_VIEW_MAX_BLOCKS", "2")  # the known runs' layers are wider
+    at = _explore(a)
+    (error,) = at.error
+    assert "too large to draw" in error.value and "SKETCHWALK\\_VIEW\\_MAX\\_BLOCKS" in error.value
+    assert "\n" not in error.value and not at.get("plotly_chart")

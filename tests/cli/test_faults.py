@@ -121,6 +121,21 @@ def test_a_full_disk_during_the_save(db, tiny_model_dir, capsys, monkeypatch):
                 assert n == 0, table.name
 
 
+def test_a_full_disk_at_run_creation(db, tiny_model_dir):
+    with open_store(str(db)):  # an empty store, then a disk with no room for its log
+        pass
+    wal = db.with_name(db.name + ".wal")
+    wal.symlink_to("/dev/full")  # every write the kernel refuses: ENOSPC, no root needed
+    cmd = [sys.executable, "-m", "sketchwalk.cli.main"]
+    cmd += _run(db, tiny_model_dir, PROMPT, "--max-new-tokens", "2")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    lines = out.stderr.strip().splitlines()  # a retry would log a line each: none, at once
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert "cannot create the run" in lines[0] and "No space left on device" in lines[0]
+    wal.unlink()
+    assert _stored(db) == 0
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -149,6 +164,36 @@ def test_control_characters_are_escaped_in_the_terminal(db, capsys):
     assert main(["runs", "--db", str(db)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "\\x1b" in out
+
+
+def test_model_output_reaches_the_terminal_escaped(capsys):
+    from sketchwalk.cli.run import print_human, summarize
+    from sketchwalk.engine.records import RunResult
+
+    osc = "\x1b]0;owned\x07\x1b[2J"  # retitle the terminal, clear the screen
+    result = RunResult(
+        model_id=f"org/model{osc}",
+        model_hash=None,
+        prompt="p",
+        prompt_tokens=1,
+        method="sketchwalk",
+        config={},
+        device="cpu",
+        versions={},
+        dense_text=f"line one\n\tindented {osc}",
+        sparse_text="bell\x07 nul\x00 csi\x9b2J",
+        metrics={},
+        timings={},
+        layers=[],
+        blocks=[],
+        tokens=[],
+    )
+    print_human(summarize(result, None))
+    out = capsys.readouterr().out
+    for raw in ("\x1b", "\x07", "\x00", "\x9b"):
+        assert raw not in out
+    assert "\\x1b]0;owned\\x07" in out and "bell\\x07 nul\\x00" in out
+    assert "line one\n\tindented" in out  # a generation's own lines and tabs stay
 
 
 def test_a_sqlite_file_opened_as_duckdb_is_one_line_and_installs_nothing(tmp_path, capsys):
@@ -272,3 +317,100 @@ def test_a_killed_cli_run_is_failed_by_the_next_process_on_postgresql(
     finally:
         proc.kill()
     assert run["status"] == "failed" and "no heartbeat" in run["error"]
+
+
+# ---- --db names a database, or nothing is written ----------------------------------------
+
+
+def _not_a_database(tmp_path, kind: str):
+    """A path --db must refuse, made the way a user would end up with one."""
+    if kind == "json file":
+        path = tmp_path / "some.json"
+        path.write_text('{"runs": []}\n')
+    elif kind == "csv file":
+        path = tmp_path / "runs.csv"
+        path.write_text("id,prompt\n1,hello\n")
+    elif kind == "parquet export":
+        with open_store(str(tmp_path / "src.duckdb")) as store:
+            store.create_run({"prompt": "exported"})
+            store.export_parquet(None, tmp_path / "export")
+        path = tmp_path / "export" / "runs.parquet"
+    elif kind == "folder":
+        path = tmp_path / "export"
+        path.mkdir()
+    else:  # a new path named like a data file
+        path = tmp_path / "new" / f"fresh.{kind.split()[-1]}"
+    return path
+
+
+def _tree(root) -> dict:
+    return {str(p): p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize(
+    ("kind", "words"),
+    [
+        ("json file", "not a valid DuckDB database file (a JSON file)"),
+        ("csv file", "not a valid DuckDB database file (a .csv file)"),
+        ("parquet export", "not a valid DuckDB database file (a Parquet file)"),
+        ("folder", "it is a folder"),
+        ("new json", "a .json name is a data file"),
+        ("new parquet", "a .parquet name is a data file"),
+    ],
+)
+def test_db_that_is_not_a_database_is_refused_and_nothing_is_written(
+    tmp_path, tiny_model_dir, capsys, kind, words
+):
+    path = _not_a_database(tmp_path, kind)
+    before = _tree(tmp_path)
+    assert main(_run(path, tiny_model_dir, PROMPT)) == 2
+    assert words in _one_line(capsys)
+    assert main(["runs", "--db", str(path)]) == 2
+    assert words in _one_line(capsys)
+    assert _tree(tmp_path) == before  # no run, no database, no folder
+
+
+def test_db_accepts_a_new_path_and_an_existing_store(tmp_path, capsys):
+    fresh = tmp_path / "new" / "runs"  # no suffix: a new DuckDB file
+    assert main(["runs", "--db", str(fresh)]) == 0
+    assert main(["runs", "--db", str(fresh)]) == 0  # and it is a database now
+    assert capsys.readouterr().out.count("no runs stored") == 2
+
+
+# ---- database passwords never reach a message --------------------------------------------
+
+LEAKY = "s3cr@t#pa/ss?w"
+
+
+def test_a_password_with_at_and_hash_parses_whole():
+    from sketchwalk.store.target import parse_url
+
+    url = parse_url(f"postgresql://me:{LEAKY}@db.example:5433/runs?sslmode=disable")
+    assert (url.username, url.password, url.host, url.port) == ("me", LEAKY, "db.example", 5433)
+    assert url.database == "runs" and url.query == {"sslmode": "disable"}
+    assert parse_url("postgresql://me:p%40ss@h/db").password == "p@ss"
+
+
+def test_a_wrong_password_with_at_and_hash_does_not_leak(capsys):
+    from pg_testdb import require_pg_url
+    from sqlalchemy.engine import make_url
+
+    base = make_url(require_pg_url())
+    raw = f"postgresql://{base.username}:{LEAKY}@{base.host}:{base.port}/{base.database}"
+    assert main(["runs", "--db", raw]) == 2
+    line = _one_line(capsys)
+    assert "password authentication failed" in line
+    for piece in ("s3cr", "t#pa", "pa/ss", "ss?w", LEAKY):
+        assert piece not in line
+
+
+def test_the_password_can_stay_out_of_the_url(monkeypatch, capsys):
+    from pg_testdb import fresh_schema
+    from sqlalchemy.engine import make_url
+
+    with fresh_schema() as url:
+        parsed = make_url(url)
+        monkeypatch.setenv("SKETCHWALK_DB_PASSWORD", parsed.password)
+        bare = parsed.set(password=None).render_as_string(hide_password=False)
+        assert main(["runs", "--db", bare]) == 0
+    assert "no runs stored" in capsys.readouterr().out

@@ -58,6 +58,10 @@ def test_compose_profiles_roles_and_gpu_reservations():
     app = services["app"]
     assert app["environment"]["SKETCHWALK_APP_WORKER"] == "0"
     assert app["environment"]["SKETCHWALK_DB"].startswith("postgresql://")
+    for name in ("app", "worker-0", "worker-1"):  # the password beside the URL, not pasted in
+        env = services[name]["environment"]
+        assert env["SKETCHWALK_DB"] == "postgresql://sketchwalk@postgres:5432/sketchwalk"
+        assert env["SKETCHWALK_DB_PASSWORD"] == "${POSTGRES_PASSWORD:-}"
     assert "SKETCHWALK_DB" not in services["app-cpu"].get("environment", {})  # DuckDB default
     assert services["app-cpu"]["volumes"] == ["cpu-data:/data"]
 

@@ -64,6 +64,15 @@ def test_store_urls_are_classified_and_passwords_hidden():
     assert ep.backend("/data/x.duckdb") == "duckdb" and ep.backend("sqlite:///x") == "sqlite"
     assert ep.safe_url("postgresql://sw:s3cret@db:5432/sw") == "postgresql://sw:***@db:5432/sw"
     assert ep.safe_url("duckdb:///data/x.duckdb") == "duckdb:///data/x.duckdb"
+    assert ep.safe_url("postgresql://sw:p@ss#w/d?@db/sw") == "postgresql://sw:***@db/sw"
+
+
+def test_a_password_beside_the_url_or_holding_at_signs_is_accepted():
+    bare = "postgresql://sketchwalk@postgres:5432/sketchwalk"
+    with pytest.raises(SystemExit):
+        ep.require_password(bare, {})
+    ep.require_password(bare, {"SKETCHWALK_DB_PASSWORD": "p@ss#word"})  # compose's way
+    ep.require_password("postgresql://sketchwalk:p@ss#w/d?@postgres/sketchwalk", {})
 
 
 def test_embedded_store_is_not_waited_for():

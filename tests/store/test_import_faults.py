@@ -9,6 +9,7 @@ import json
 import re
 import zipfile
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -84,10 +85,18 @@ def test_damaged_rows_are_refused_and_nothing_is_written(
     assert store.get_run(keep)["status"] == "done"
 
 
+def _declare_rows(folder, table: str, rows: int) -> None:
+    """Make the manifest agree with a rewritten table file (a forger would)."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["tables"][table]["rows"] = rows
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
 def test_duplicate_keys_are_refused(store, export_dir):
     path = export_dir / "tokens.parquet"
     data = pq.read_table(path)
     pq.write_table(pa.concat_tables([data, data.slice(0, 1)]), path)
+    _declare_rows(export_dir, "tokens", data.num_rows + 1)
     before = _snapshot(store)
     with pytest.raises(ForeignExportError, match="repeat the key"):
         store.import_parquet(export_dir)
@@ -183,3 +192,166 @@ def test_round_trip_still_imports_everything(store, export_dir):
     data = pq.read_table(export_dir / "block_scores.parquet")
     assert count_rows(store, ids[0])["block_scores"] == data.num_rows
     assert pc.all(pc.less_equal(data["k_block"], data["q_block"])).as_py()
+
+
+# ---- the store's limits, nesting, encodings, decoded-size bombs -----------------------------
+
+NESTED = '{"a": ' * 100_000 + "1" + "}" * 100_000  # json.loads: RecursionError
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "value", "why"),
+    [
+        ("layer_stats", "n_blocks", 1_000_000, "over the store's limit 16384"),
+        ("layer_stats", "layer", 5000, "over the store's limit 1023"),
+        ("layer_stats", "q_blocks", "[0, 99]", "lies outside its n_blocks"),
+        ("tokens", "position", 1 << 21, "over the store's limit"),
+        ("blocks", "token_end", 1 << 21, "over the store's limit"),
+        ("runs", "prompt_tokens", 1 << 30, "over the store's limit"),
+        ("runs", "config", NESTED, "not a JSON object"),
+        ("runs", "metrics", "[" * 50_000 + "]" * 50_000, "not a JSON object"),
+        ("layer_stats", "q_blocks", "[" * 50_000 + "]" * 50_000, "list of block indices"),
+    ],
+)
+def test_values_past_the_stores_limits_are_refused(store, export_dir, table, column, value, why):
+    before = _snapshot(store)
+    _rewrite(export_dir, table, column, value)
+    with pytest.raises(ForeignExportError, match=re.escape(why)) as err:
+        store.import_parquet(export_dir)
+    assert "\n" not in str(err.value)
+    assert _snapshot(store) == before
+
+
+def test_a_deeply_nested_manifest_is_one_line(db_path, export_dir, capsys):
+    (export_dir / "manifest.json").write_text(NESTED)
+    assert main(["import", "--db", str(db_path), str(export_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "manifest.json" in err and "not valid JSON" in err
+
+
+def _invalid_utf8(folder, table: str, column: str) -> None:
+    """Put bytes that are not UTF-8 into a string column (Parquet does not check them)."""
+    path = folder / f"{table}.parquet"
+    data = pq.read_table(path)
+    values = [v.encode() if v is not None else None for v in data[column].to_pylist()]
+    values[0] = b"ok \xff\xfe\xc3\x28 not utf-8"
+    broken = pa.array(values, pa.binary()).view(pa.string())
+    pq.write_table(data.set_column(data.column_names.index(column), column, broken), path)
+
+
+@pytest.mark.parametrize(
+    ("table", "column"),
+    [("runs", "prompt"), ("layer_stats", "phase"), ("tokens", "text"), ("blocks", "text")],
+)
+def test_invalid_utf8_in_a_string_column_is_one_line(db_path, export_dir, capsys, table, column):
+    _invalid_utf8(export_dir, table, column)
+    assert main(["import", "--db", str(db_path), str(export_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"column {column!r}" in err and "not valid UTF-8" in err
+    with open_store(str(db_path)) as store:
+        assert store.run_ids() == []
+
+
+def test_invalid_utf8_never_reaches_the_database(store, export_dir):
+    _invalid_utf8(export_dir, "tokens", "text")
+    with pytest.raises(ForeignExportError, match="not valid UTF-8"):
+        store.import_parquet(export_dir)
+    assert store.run_ids() == []
+
+
+def test_a_store_holding_deeply_nested_json_still_lists_it(db_path, capsys):
+    with open_store(str(db_path)) as store:
+        run_id, _ = saved_run(store)
+        with store.engine.begin() as conn:  # written before imports were checked
+            conn.execute(sch.runs.update().values(config=NESTED, metrics=NESTED))
+        assert store.get_run(run_id)["config"] is None
+    assert main(["runs", "--db", str(db_path), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["id"] == run_id and row["config"] is None
+
+
+def test_a_manifest_without_row_counts_is_refused(store, export_dir):
+    manifest = json.loads((export_dir / "manifest.json").read_text())
+    del manifest["tables"]["tokens"]["rows"]
+    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ForeignExportError, match="no row count for tokens"):
+        store.import_parquet(export_dir)
+    assert store.run_ids() == []
+
+
+def _bomb_tokens(folder, rows: int, text_chars: int, declare: int | None = None) -> None:
+    """tokens.parquet replaced by `rows` rows of one long text: a few MB on disk, `rows` x
+    `text_chars` bytes once decoded; the manifest declares `declare` rows (default: the truth)."""
+    run_id = pq.read_table(folder / "runs.parquet")["id"][0].as_py()
+    zeros = pa.array(np.zeros(rows, dtype=np.int32))
+
+    def repeated(value: str) -> pa.DictionaryArray:
+        return pa.DictionaryArray.from_arrays(zeros, pa.array([value]))
+
+    bomb = pa.table(
+        {
+            "run_id": repeated(run_id),
+            "variant": repeated("dense"),
+            "position": pa.array(np.arange(rows, dtype=np.int32)),
+            "token_id": zeros,
+            "text": repeated("x" * text_chars),
+            "logprob": pa.nulls(rows, pa.float64()),
+            "kl": pa.nulls(rows, pa.float64()),
+        }
+    )
+    pq.write_table(bomb, folder / "tokens.parquet", compression="zstd")
+    _declare_rows(folder, "tokens", rows if declare is None else declare)
+
+
+_PEAK = """
+import resource, sys
+from sketchwalk.store import open_store
+with open_store(sys.argv[1]) as store:
+    try:
+        store.import_parquet(sys.argv[2])
+        print("imported")
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def _import_peak(db, source) -> tuple[str, int]:
+    """What an import in a fresh process says, and its peak resident memory (MiB)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK, str(db), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    said, peak = out.stdout.strip().splitlines()
+    return said, int(peak)
+
+
+@pytest.mark.heavy
+def test_a_decoded_size_bomb_is_refused_while_it_is_read(tmp_path, export_dir):
+    import shutil
+
+    honest = tmp_path / "honest"
+    shutil.copytree(export_dir, honest)
+    said, baseline = _import_peak(tmp_path / "a.duckdb", honest)
+    assert said == "imported"
+    _bomb_tokens(export_dir, rows=1_500_000, text_chars=1000)  # 1.5 GB decoded
+    assert (export_dir / "tokens.parquet").stat().st_size < 8 << 20
+    said, peak = _import_peak(tmp_path / "b.duckdb", export_dir)
+    assert said.startswith("ForeignExportError") and "decodes to over 1024 MiB" in said
+    assert peak - baseline < 400, (baseline, peak)  # far below the 1.5 GB it decodes to
+
+
+@pytest.mark.parametrize("declare", [None, 102])
+def test_millions_of_constant_rows_are_refused_before_they_are_decoded(
+    tmp_path, export_dir, declare
+):
+    _bomb_tokens(export_dir, rows=3_000_000, text_chars=8, declare=declare)
+    said, peak = _import_peak(tmp_path / "c.duckdb", export_dir)
+    why = "declares 3,000,000 tokens rows" if declare is None else "holds 3000000 rows"
+    assert said.startswith("ForeignExportError") and why in said, said

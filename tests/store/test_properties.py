@@ -12,6 +12,7 @@ import io
 import json
 import zipfile
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -25,6 +26,7 @@ from sketchwalk.cli.main import main
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.store import open_store
 from sketchwalk.store import schema as sch
+from sketchwalk.store.export import ImportLimits
 
 CLI_EXAMPLES = 40
 IMPORT_EXAMPLES = 150
@@ -274,6 +276,101 @@ def test_damaged_exports_are_refused_or_imported_whole(target, export_zip, data)
         return
     event("imported")
     readable(target)  # accepted: every imported run reads back
+    for run_id in ids:
+        target.delete_run(run_id)
+    assert snapshot(target) == before
+
+
+# ---- hostile exports: deep nesting, invalid UTF-8, decoded-size bombs -----------------------
+
+HOSTILE_EXAMPLES = 60
+SMALL_CAPS = ImportLimits(decoded_bytes=4 << 20, rows=150_000)
+"""Caps small enough that a bomb crosses them in a fraction of a second (the defaults are
+checked by tests/store/test_import_faults.py)."""
+JSON_CELLS = [("runs", c) for c in ("config", "request", "versions", "metrics", "timings")] + [
+    ("layer_stats", "q_blocks")
+]
+
+
+def _nested(draw) -> str:
+    depth = draw(st.one_of(st.integers(2, 400), st.integers(5_000, 120_000)))
+    opener, closer = draw(st.sampled_from([("[", "]"), ('{"a": ', "}")]))
+    return opener * depth + "1" * (opener == "[") + "0" * (opener != "[") + closer * depth
+
+
+def _write(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()
+
+
+def _declare(members: dict[str, bytes], name: str, rows: int) -> None:
+    manifest = json.loads(members["manifest.json"])
+    manifest["tables"][name]["rows"] = rows
+    members["manifest.json"] = json.dumps(manifest).encode()
+
+
+@st.composite
+def hostile(draw, original: bytes) -> tuple[str, bytes]:
+    """(kind, zip): an export made hostile the way the fault reports found."""
+    members = _members(original)
+    kind = draw(st.sampled_from(["nested manifest", "nested cell", "utf-8", "rows", "text"]))
+    if kind == "nested manifest":
+        text = members["manifest.json"].decode().rstrip().rstrip("}")
+        members["manifest.json"] = (text + ', "extra": ' + _nested(draw) + "}").encode()
+        return kind, _zip(members)
+    if kind in ("nested cell", "utf-8"):
+        if kind == "nested cell":
+            name, column = draw(st.sampled_from(JSON_CELLS))
+        else:
+            name = draw(st.sampled_from(["runs", "layer_stats", "blocks", "tokens"]))
+        table = pq.read_table(pa.BufferReader(members[f"{name}.parquet"]))
+        if kind == "utf-8":
+            strings = [f.name for f in table.schema if f.type == pa.string()]
+            column = draw(st.sampled_from(strings))
+        row = draw(st.integers(0, table.num_rows - 1))
+        values = [None if v is None else v.encode() for v in table[column].to_pylist()]
+        if kind == "nested cell":
+            values[row] = _nested(draw).encode()
+        else:  # some bytes, then a sequence no UTF-8 decoder accepts
+            values[row] = draw(st.binary(max_size=20)) + draw(
+                st.sampled_from([b"\xff", b"\xc3\x28", b"\xe2\x82", b"\xed\xa0\x80"])
+            )
+        array = pa.array(values, pa.binary()).view(pa.string())
+        table = table.set_column(table.column_names.index(column), column, array)
+        members[f"{name}.parquet"] = _write(table)
+        return kind, _zip(members)
+    # a bomb: one row repeated (its text made long), the manifest honest or not
+    name = draw(st.sampled_from(["layer_stats", "block_scores", "blocks", "tokens"]))
+    table = pq.read_table(pa.BufferReader(members[f"{name}.parquet"]))
+    rows = draw(st.integers(1, 300_000))
+    table = table.take(np.zeros(rows, dtype=np.int64))
+    if kind == "text" and "text" in table.column_names:
+        long = "x" * draw(st.integers(1, 5000))
+        array = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)), [long])
+        table = table.set_column(table.column_names.index("text"), "text", array)
+    members[f"{name}.parquet"] = _write(table)
+    _declare(members, name, rows if draw(st.booleans()) else draw(st.integers(0, 10**7)))
+    return kind, _zip(members)
+
+
+@pytest.mark.heavy
+@settings(RELAXED, max_examples=HOSTILE_EXAMPLES)
+@given(data=st.data())
+def test_hostile_exports_are_refused_in_one_line_or_imported_whole(target, export_zip, data):
+    kind, blob = data.draw(hostile(export_zip))
+    before = snapshot(target)
+    try:
+        ids = target.import_parquet(blob, limits=SMALL_CAPS)
+    except SketchWalkError as exc:
+        event(f"{kind}: refused")
+        assert "\n" not in str(exc)
+        assert snapshot(target) == before
+        readable(target)
+        return
+    event(f"{kind}: imported")
+    assert kind in ("nested cell", "nested manifest", "rows", "text")  # never invalid UTF-8
+    readable(target)
     for run_id in ids:
         target.delete_run(run_id)
     assert snapshot(target) == before

@@ -11,7 +11,6 @@ from run_helpers import tiny_config
 
 from sketchwalk.settings import load
 from sketchwalk.store import open_store
-from sketchwalk.worker import loop as worker_mod
 from sketchwalk.worker.loop import RESTART_REASON, Worker, make_request
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 12
@@ -168,12 +167,21 @@ def test_wake_runs_a_new_job_without_waiting_for_the_poll(store, tiny_model, mod
         w.stop(timeout=60)
 
 
-def test_throttle_limits_progress_writes():
-    calls = []
-    t = worker_mod._Throttle(lambda f, m: calls.append(f), every_s=60)
+def test_progress_writes_are_throttled_and_fenced(store, monkeypatch):
+    from sketchwalk.store.errors import JobLostError
+    from sketchwalk.worker import context
+
+    monkeypatch.setattr(context, "PROGRESS_EVERY_S", 60.0)
+    job_id = store.enqueue_job({"prompt": "p"})
+    ctx = context.JobContext(Worker(store), store.claim_job("w"))
     for i in range(100):
-        t(i / 100, "x")
-    assert calls == [0.0]
+        ctx.progress(i / 100, f"m{i}")
+    job = store.get_job(job_id)
+    assert (job.progress, job.message) == (0.0, "m0")  # one write, not a hundred
+    store.recover_jobs("taken over", max_attempts=5)  # the claim is gone
+    with pytest.raises(JobLostError):
+        ctx.report(0.5, "late")
+    assert store.get_job(job_id).message == "re-queued: taken over"
 
 
 @pytest.mark.heavy
@@ -256,6 +264,54 @@ def test_a_job_for_an_unlisted_model_fails_and_stores_nothing(
     assert len(store.run_ids()) == 1
 
 
+def _listed_only(tmp_path, monkeypatch, tiny_model: str) -> None:
+    """A deployment whose list holds the tiny model only (its default too)."""
+    settings = tmp_path / "app.toml"
+    settings.write_text(f'[models]\n[models.allowed]\ntiny = "{tiny_model}"\n')
+    monkeypatch.setenv("SKETCHWALK_APP_CONFIG", str(settings))
+
+
+def test_every_job_kind_is_held_to_the_list_and_refusals_reveal_nothing(
+    store, tiny_model, models, tmp_path, monkeypatch
+):
+    import shutil
+
+    from sketchwalk.eval.job import eval_request
+
+    elsewhere = tmp_path / "unlisted-but-real"
+    shutil.copytree(tiny_model, elsewhere)  # a loadable model that is not on the list
+    _listed_only(tmp_path, monkeypatch, tiny_model)
+    before = models.loads
+    refused = [
+        store.enqueue_job(eval_request(model=str(elsewhere), lengths=[256], new_tokens=2)),
+        store.enqueue_job(eval_request(model="/no/such/folder", lengths=[256], new_tokens=2)),
+        store.enqueue_job(make_request(TEXT, tiny_config(), str(elsewhere), 2)),
+        store.enqueue_job(make_request(TEXT, tiny_config(), "/no/such/folder", 2)),
+        store.enqueue_job({"kind": "eval", "model": ["not", "a", "name"]}),
+    ]
+    Worker(store, models=models).drain()
+    errors = {store.get_job(j).error for j in refused[:4]}
+    assert len(errors) == 1  # the same line whether the path exists or not, for both kinds
+    (error,) = errors
+    assert "not on this deployment's list" in error
+    assert "unlisted" not in error and "/no/such" not in error
+    assert all(store.get_job(j).status == "failed" for j in refused)
+    assert models.loads == before  # nothing was loaded to find out
+    assert store.eval_results().empty and store.run_ids() == []
+
+
+def test_a_job_naming_no_model_gets_the_deployments_default(
+    store, tiny_model, models, tmp_path, monkeypatch
+):
+    _listed_only(tmp_path, monkeypatch, tiny_model)
+    job_id = store.enqueue_job(make_request(TEXT, tiny_config(), None, 2))
+    Worker(store, models=models).drain()
+    job = store.get_job(job_id)
+    assert job.status == "done", job.error
+    run = store.get_run(job.run_id)  # the listed default, never the engine's unlisted one
+    assert run["model_id"] == tiny_model and run["request"]["model"] == tiny_model
+
+
 @pytest.mark.heavy
 def test_a_standalone_worker_sizes_torch_threads(tmp_path):
     db = str(tmp_path / "t.duckdb")
@@ -274,3 +330,51 @@ def test_a_standalone_worker_sizes_torch_threads(tmp_path):
     with open_store(db) as s:
         run = s.get_run(s.get_job(job_id).run_id)
     assert run["model_id"] == "threads=3"
+
+
+@pytest.mark.parametrize("backend", ["duckdb", "postgresql"])
+def test_two_workers_race_on_an_eval_job_and_only_its_owner_writes(
+    backend, tiny_model, models, tmp_path, request
+):
+    from sketchwalk.eval.job import eval_request
+    from sketchwalk.store.errors import JobLostError
+
+    url = (
+        str(tmp_path / "race.duckdb") if backend == "duckdb" else request.getfixturevalue("pg_url")
+    )
+    small = {"lengths": [256], "depths": [0.5], "methods": ["sketchwalk"], "densities": [0.2, 0.4]}
+    with open_store(url) as store:
+        job_id = store.enqueue_job(
+            eval_request(model=tiny_model, new_tokens=2, block_size=16, **small)
+        )
+        a = Worker(store, name="a", models=models)
+        b = Worker(store, name="b", models=models)
+        stalled = store.claim_job("a")  # a takes the job, then stalls (paused, swapped out)
+        assert store.recover_jobs("a went silent", worker="a", max_attempts=3) == [job_id]
+        assert b.run_once() == job_id  # b claims it again and runs it to the end
+        done = store.get_job(job_id)
+        rows = store.eval_results()
+        with pytest.raises(JobLostError):  # a wakes up and runs its lost claim: refused at once
+            a.runner(a, stalled)
+        after = store.get_job(job_id)
+        assert store.eval_results().equals(rows)  # a stored nothing
+    assert (done.status, done.worker, done.attempts, done.error) == ("done", "b", 2, None)
+    assert (after.status, after.worker, after.finished_at) == ("done", "b", done.finished_at)
+    assert len(rows) == 2 and rows["eval_id"].nunique() == 1  # one grid: 2 densities
+
+
+def test_a_new_job_kind_is_one_function_and_one_registry_line(store, monkeypatch):
+    from pathlib import Path
+
+    from sketchwalk.worker import kinds
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.setitem(kinds.KINDS, "echo", "worker_jobs:echo_kind")  # the one line
+    echo = store.enqueue_job({"kind": "echo", "text": "hello"})
+    unknown = store.enqueue_job({"kind": "frobnicate", "prompt": "x"})
+    Worker(store).drain()
+    job = store.get_job(echo)
+    assert job.status == "done" and store.get_run(job.run_id)["prompt"] == "hello"
+    refused = store.get_job(unknown)
+    assert refused.status == "failed" and "unknown job kind 'frobnicate'" in refused.error
+    assert "echo" in refused.error and "eval" in refused.error and "\n" not in refused.error

@@ -1,6 +1,7 @@
 """Standalone `sketchwalk worker` processes on a real PostgreSQL: two workers share a queue and
 run every job exactly once, a SIGKILLed worker's job is recovered after the heartbeat timeout,
-and SIGTERM finishes or re-queues the running job and exits 0."""
+a worker frozen (SIGSTOP) inside its save stalls no one and is cut off by the server, and
+SIGTERM finishes or re-queues the running job and exits 0."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from run_helpers import tiny_config
 
 from sketchwalk.store import open_store
+from sketchwalk.store import schema as sch
 from sketchwalk.worker.loop import make_request
 
 HERE = Path(__file__).resolve().parent
@@ -203,3 +206,76 @@ def test_sigterm_on_an_idle_worker_exits_0_quickly(pg_url, tmp_path, procs):
     t0 = time.monotonic()
     assert w.stop(signal.SIGTERM) == 0, w.output()
     assert time.monotonic() - t0 < 10
+
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of a process: 'T' while it is stopped."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def row_locked(store, job_id: str) -> bool:
+    """Whether another session holds the job's row (a SKIP LOCKED pick misses it)."""
+    j = sch.jobs
+    with store.engine.begin() as conn:
+        pick = sa.select(j.c.id).where(j.c.id == job_id).with_for_update(skip_locked=True)
+        return conn.execute(pick).first() is None
+
+
+@pytest.mark.heavy
+def test_a_worker_frozen_inside_its_save_stalls_no_one(pg_url, tmp_path, procs):
+    env = {
+        "SKETCHWALK_JOB_TIMEOUT_S": "3",  # its job looks dead after 3 s ...
+        "SKETCHWALK_RUN_STALE_S": "1",  # ... its run after 1 s: recovery tries both at once
+        "SKETCHWALK_DB_IDLE_TX_S": "45",  # the server cuts the frozen transaction off then
+    }
+    workers = [WorkerProc(pg_url, tmp_path, f"w{i}", **env) for i in range(3)]
+    procs += workers
+    for w in workers:
+        w.wait_serving()
+    with open_store(pg_url) as store:
+        frozen_job = store.enqueue_job({"prompt": "freeze", "freeze_in_save": True})
+        wait_for(
+            lambda: any(process_state(w.proc.pid) == "T" for w in workers),
+            60,
+            "a worker to stop itself inside its save",
+        )
+        (frozen,) = [w for w in workers if process_state(w.proc.pid) == "T"]
+        assert row_locked(store, frozen_job)  # its open transaction holds the job and run rows
+        cheap = [store.enqueue_job({"prompt": f"job {i}", "sleep_s": 0.2}) for i in range(8)]
+        wait_for(
+            lambda: all(store.get_job(j).status == "done" for j in cheap),
+            40,
+            "the other workers to drain the queue past the frozen one",
+        )
+        runs = subprocess.run(  # never waits on the frozen worker's locks
+            [sys.executable, "-m", "sketchwalk.cli.main", "runs", "--db", pg_url, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert runs.returncode == 0, runs.stderr
+        assert row_locked(store, frozen_job)  # all of that happened while it held its locks
+        assert process_state(frozen.proc.pid) == "T"
+        # the server ends the idle transaction; the job is re-queued and finished by another
+        wait_for(lambda: store.get_job(frozen_job).status == "done", 120, "the frozen job")
+        done = store.get_job(frozen_job)
+        os.kill(frozen.proc.pid, signal.SIGCONT)  # revived: its late writes are refused
+        assert frozen.stop() == 0, frozen.output()
+        after = store.get_job(frozen_job)
+        listed = store.list_runs()
+        jobs = {j.id: j for j in store.list_jobs()}
+    assert done.worker != frozen.name and done.attempts == 2
+    assert (after.status, after.worker, after.run_id) == ("done", done.worker, done.run_id)
+    assert list(listed["prompt"]).count(frozen_job) == 1  # one run of it: the second attempt's
+    assert store_status(listed, done.run_id) == "done"
+    assert {jobs[j].worker for j in cheap} <= {w.name for w in workers if w is not frozen}
+    assert all(list(listed["prompt"]).count(j) == 1 for j in cheap)
+    for w in workers:
+        if w is not frozen:
+            assert w.stop() == 0, w.output()
+            assert "is busy" not in w.output()  # no one even waited out a lock timeout
+
+
+def store_status(listed, run_id: str) -> str:
+    return listed.loc[listed["id"] == run_id, "status"].item()

@@ -8,15 +8,23 @@ worker's checkpoint, like a model run reporting progress. Any other request is a
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
-from sketchwalk.worker.loop import run_engine_job
+import numpy as np
+
+from sketchwalk.engine.records import BlockSpan, LayerRecord, RunResult, TokenRecord
+from sketchwalk.worker.loop import run_job_kind
 
 
 def mixed(worker, job) -> None:
     req = job.request
+    if req.get("freeze_in_save"):
+        freeze_in_save(worker, job)
+        return
     if "sleep_s" not in req:
-        run_engine_job(worker, job)
+        run_job_kind(worker, job)
         return
     store = worker.store
     run_id = store.create_run({"prompt": job.id, "model": worker.name}, status="running")
@@ -39,3 +47,64 @@ def threads(worker, job) -> None:
     )
     worker.store.set_status(run_id, "done")
     worker.store.finish_job(job.id, run_id=run_id)
+
+
+def freeze_in_save(worker, job) -> None:
+    """A fenced save of a small result; on the job's first attempt the worker stops itself
+    (a real SIGSTOP) inside the save's transaction, after the job and run rows are locked."""
+    store = worker.store
+    fence = (job.id, job.claim)
+    run_id = store.create_run({"prompt": job.id, "model": worker.name}, "running", job=fence)
+    if job.attempts == 1:
+        insert = store._insert
+
+        def stop_inside(conn, table, data, key):
+            os.kill(os.getpid(), signal.SIGSTOP)  # frozen here until SIGCONT
+            insert(conn, table, data, key)
+
+        store._insert = stop_inside
+    try:
+        store.save_result(run_id, small_result(job.id), job=fence)
+    finally:
+        store.__dict__.pop("_insert", None)
+
+
+def small_result(prompt: str) -> RunResult:
+    """One prefill layer of two blocks, its spans and one token: every run table gets rows."""
+    return RunResult(
+        model_id="tiny",
+        model_hash=None,
+        prompt=prompt,
+        prompt_tokens=2,
+        method="sketchwalk",
+        config={},
+        device="cpu",
+        versions={},
+        dense_text="a",
+        sparse_text="a",
+        metrics={},
+        timings={},
+        layers=[
+            LayerRecord(
+                phase="prefill",
+                step=0,
+                layer=0,
+                dense=True,
+                n_blocks=2,
+                q_blocks=np.arange(2),
+                sketch=np.ones((2, 2), dtype=np.float32),
+            )
+        ],
+        blocks=[BlockSpan(0, 0, 1, "a"), BlockSpan(1, 1, 2, "b")],
+        tokens=[TokenRecord("dense", 0, 1, "a", None, None)],
+    )
+
+
+def echo_kind(ctx) -> str:
+    """A job kind in one function (registered by a test with one line in worker.kinds.KINDS):
+    it reports progress and ends the job, every write through the fenced context."""
+    ctx.progress(0.5, "echoing")
+    run_id = ctx.store.create_run({"prompt": ctx.request["text"]}, "running", job=ctx.fence)
+    ctx.store.set_status(run_id, "done")
+    ctx.finish(run_id)
+    return run_id

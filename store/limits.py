@@ -1,0 +1,85 @@
+"""The store's own limits: the largest value a run can produce for everything that later sizes
+memory (a heatmap allocates n_blocks x n_blocks cells, the token view one row per position).
+
+One declaration for both sides: a save refuses a run past them (it cannot happen with a real
+model: a layer record of 16k blocks already holds 1 GiB per matrix) and an import refuses a file
+past them, so whatever the store holds can be exported and imported again, and nothing in it
+makes a later read allocate more than these figures allow. What the explorer draws has its own,
+smaller bound (Settings.view_max_blocks), checked by the reads that allocate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sketchwalk.store.errors import StoreError
+
+MAX_TOKENS = 1 << 20
+"""Tokens of one run: prompt_tokens, token positions, block spans (a 1M-token context)."""
+MAX_BLOCKS = 1 << 14
+"""Key blocks of one layer record (n_blocks), and so every block index: 16384."""
+MAX_LAYERS = 1 << 10
+"""Layer indices (models have tens to a few hundred)."""
+MAX_STEPS = 1 << 20
+"""Decode step indices (one per generated token)."""
+
+UPPER = {
+    "runs": {"prompt_tokens": MAX_TOKENS},
+    "layer_stats": {"step": MAX_STEPS, "layer": MAX_LAYERS - 1, "n_blocks": MAX_BLOCKS},
+    "block_scores": {
+        "step": MAX_STEPS,
+        "layer": MAX_LAYERS - 1,
+        "q_block": MAX_BLOCKS - 1,
+        "k_block": MAX_BLOCKS - 1,
+    },
+    "blocks": {"block": MAX_BLOCKS - 1, "token_start": MAX_TOKENS, "token_end": MAX_TOKENS},
+    "tokens": {"position": MAX_TOKENS - 1},
+}
+"""Largest allowed value of each bounded integer column, per table (inclusive)."""
+
+ROWS_PER_RUN = {"runs": 1, "blocks": MAX_BLOCKS, "tokens": 2 * MAX_TOKENS}
+"""Rows one run can have in a table whose key is bounded above (others: the import row cap)."""
+
+
+def first_over(table: str, data: pa.Table) -> str | None:
+    """The first bounded column of `data` (rows of `table`) holding a value over its limit."""
+    for name, most in UPPER.get(table, {}).items():
+        if name in data.column_names and pc.any(pc.greater(data[name], most)).as_py():
+            return f"{name} over the store's limit {most}"
+    return None
+
+
+class TooLargeError(StoreError):
+    """A layer (or a stack of them) is wider than a view may allocate; one line says which."""
+
+
+LAST_ROWS_LAYERS = 4
+"""The needle tracker's row of every record may take as much as this many full layer views."""
+
+
+def check_view(cells: int, what: str, max_blocks: int, layers: int = 1) -> None:
+    """Refuse a read that would allocate more than `layers` heatmaps of `max_blocks` squared
+    cells (about 13 bytes a cell: three float32 matrices and a mask)."""
+    if cells > layers * max_blocks * max_blocks:
+        raise TooLargeError(
+            f"{what} is too large to draw ({cells:,} cells; the explorer draws at most "
+            f"{max_blocks} x {max_blocks} blocks a layer, SKETCHWALK_VIEW_MAX_BLOCKS)"
+        )
+
+
+def view_refusal(stats: Any, max_blocks: int) -> str | None:
+    """The one line the explorer shows instead of a run it cannot draw in bounded memory (its
+    widest layer, or the needle tracker's rows of every record), or None. `stats`: the run's
+    layer_stats frame (n_blocks per record)."""
+    widths = [int(n) for n in stats["n_blocks"]]
+    try:
+        check_view(
+            max(widths, default=0) ** 2, f"a layer of {max(widths, default=0)} blocks", max_blocks
+        )
+        check_view(sum(widths), "this run's records, all together", max_blocks, LAST_ROWS_LAYERS)
+    except TooLargeError as exc:
+        return str(exc)
+    return None
