@@ -60,7 +60,7 @@ class DecodeLayerState:
     steps_since: int = 0  # ... this many tokens ago
     phase: float = 0.0  # where in its re-selection cadence the layer re-selects (decode_stagger)
     extended_from: BlockSelection | None = None  # `selection` is this one plus its newest block
-    gathered: object | None = None  # its K/V gathered by the kernel (kernels/decode_cache.py)
+    gathered: object | None = None  # the backend keeps it (kernels/backends.py DecodeKeeper)
     # per key block, what the estimators read from the sums (see key_estimates), in buffers with
     # room to grow; blocks from est_valid on changed since and are recomputed when next read
     est_km: torch.Tensor | None = None  # [B, Hkv, cap, r] block-mean keys
