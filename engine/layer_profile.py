@@ -211,13 +211,15 @@ def allocate(
     room, nothing else is bought."""
     layers = sorted(offers)
     owners = [(li, g) for li in layers for g in range(offers[li].value.shape[1])]
-    value = torch.cat([offers[li].value[0, g] for li, g in owners]).double()
-    cost = torch.cat([offers[li].cost[0] for li, g in owners]).double()
+    # ranked on the host, one copy each: a calibration on a GPU hands over device tensors, and
+    # the owners and shares below are host tensors (mixed, they failed on CUDA)
+    value = torch.cat([offers[li].value[0, g] for li, g in owners]).double().cpu()
+    cost = torch.cat([offers[li].cost[0] for li, g in owners]).double().cpu()
     owner = torch.cat(
         [torch.full((offers[li].cost.shape[1],), i) for i, (li, g) in enumerate(owners)]
     )
-    cand = torch.tensor([float(offers[li].candidates[0]) for li, _ in owners], dtype=torch.float64)
-    forced = torch.tensor([float(offers[li].forced[0]) for li, _ in owners], dtype=torch.float64)
+    cand = torch.stack([offers[li].candidates[0] for li, _ in owners]).double().cpu()
+    forced = torch.stack([offers[li].forced[0] for li, _ in owners]).double().cpu()
     order = value.argsort(descending=True, stable=True)
     order = order[value[order] > -math.inf]
     paid = cost[order].cumsum(0)

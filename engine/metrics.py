@@ -23,8 +23,10 @@ def kl_per_position(dense_logits: torch.Tensor, sparse_logits: torch.Tensor) -> 
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(targets[t] | logits[t]) for logits [T, V], targets [T]."""
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[:, None]).squeeze(-1)
+    """log p(targets[t] | logits[t]) for logits [T, V], targets [T] (on any device: the ids
+    are often host values beside logits on the GPU)."""
+    tgt = targets.to(logits.device)[:, None]
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tgt).squeeze(-1)
 
 
 def perplexity(logprobs: torch.Tensor) -> float:

@@ -176,6 +176,6 @@ class Recorder:
     @staticmethod
     def _real_rows(key_valid: torch.Tensor, lq: int, block_size: int, rows: int) -> torch.Tensor:
         if lq == 1:
-            return torch.ones(1, dtype=torch.bool)
+            return torch.ones(1, dtype=torch.bool, device=key_valid.device)
         qv = torch.nn.functional.pad(key_valid[0, -lq:].float(), (0, rows * block_size - lq))
         return qv.view(rows, block_size).sum(-1) > 0

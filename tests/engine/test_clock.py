@@ -20,3 +20,24 @@ def test_stage_timer_sums_each_stage():
         t.run("walk", lambda: time.sleep(0.01))
     assert t.run("sketch", lambda: "x") == "x"
     assert set(t.ms) == {"walk", "sketch"} and t.ms["walk"] >= 15.0
+
+
+def test_on_cuda_every_reading_waits_for_the_queued_work(monkeypatch):
+    """GPU work is queued: a clock read before synchronising would time the launches, not the
+    work. Shown here with a fake CUDA device (no GPU needed): each read follows a sync of the
+    timed tensors' device, so `timed` covers everything fn queued."""
+    from sketchwalk.engine import clock
+
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: calls.append(f"sync {d}"))
+    monkeypatch.setattr(clock.time, "perf_counter", lambda: calls.append("read") or 1.0)
+    dev = torch.device("cuda", 1)
+    out, ms = timed(lambda: calls.append("work") or 5, dev)
+    assert out == 5 and ms == 0.0
+    assert calls == ["sync cuda:1", "read", "work", "sync cuda:1", "read"]
+    calls.clear()
+    StageTimer(dev).run("walk", lambda: calls.append("work"))
+    assert calls == ["sync cuda:1", "read", "work", "sync cuda:1", "read"]
+    calls.clear()
+    now_ms(torch.device("cpu"))
+    assert calls == ["read"]  # CPU work is done when the call returns: no sync

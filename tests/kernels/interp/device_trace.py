@@ -4,13 +4,16 @@ engine's device path, and the aten ops it dispatches.
 Why not FakeTensorMode with a fake "cuda" device: the engine's device path reads data
 (topk widths, list widths), syncs the clock through torch.cuda and moves host index tensors with
 `.to(device)`; under fake tensors each of those fails before a layer runs. So this follows data
-instead. `DeviceTrace` marks the model's input and every tensor created with an explicit
-`device=` (what `device=q.device` is on a GPU) or moved with `.to(device)` as "on the device",
-and everything computed from those. Then:
+instead. `DeviceTrace` marks the model's input (and, with `put`, a model's weights) as "on the
+device", and everything computed from those. A device tensor's `.device` answers `DEVICE`
+("cpu:0", still a CPU for every op), a host tensor's plain "cpu", so what a GPU run does with
+`device=q.device` or `.to(x.device)` is followed: created on or moved to the device where x is
+a device tensor, kept on the host where x is a host one. Then:
 - a `.item()`, `bool()`, `int()`, `.tolist()`, `.numpy()` or `.cpu()` of a device tensor, from the
   project's code, is a host round trip (on a GPU: a sync that stalls the launch queue);
 - an op from the project's code mixing device tensors with host tensors of more than 0 dims is
   what crashed the first sparse layer on a GPU ("Expected all tensors to be on the same device").
+- a `.to()` of a device tensor onto the host is a read too (on a GPU: a copy and a sync).
 Limits: a tensor created without `device=` and never mixed is invisible (as it is harmless).
 """
 
@@ -36,6 +39,20 @@ _READS = {
     torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__,
     torch.Tensor.__index__, torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.cpu,
 }  # fmt: skip
+_DEVICE_OF = torch.Tensor.device.__get__  # the `.device` getter, as a torch function sees it
+DEVICE = torch.device("cpu", 0)  # where a device tensor says it is
+
+
+def _names_device(target) -> bool | None:
+    """True where `target` (a `device=` or `.to()` argument) is the device, False where it is
+    the host, None where it names no device (a dtype, nothing)."""
+    if not isinstance(target, torch.device | str):
+        return None
+    try:
+        d = torch.device(target)
+    except (RuntimeError, TypeError):
+        return None  # a dtype name such as "float32" is not a device
+    return d == DEVICE or d.type != "cpu"
 
 
 def _project_site(depth: int = 2) -> tuple[str, str] | None:
@@ -65,6 +82,15 @@ class DeviceTrace(TorchFunctionMode):
             if isinstance(x, torch.Tensor):
                 self.on_device[x] = True
 
+    def _host_copy(self, out, source):
+        """`out` as a host tensor: on this CPU a move to the host may return `source` itself,
+        still marked; on a GPU it is a copy off the device."""
+        if out is source and out in self.on_device:
+            self.paused = True
+            out = out.clone()
+            self.paused = False
+        return out
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.paused:
@@ -72,25 +98,28 @@ class DeviceTrace(TorchFunctionMode):
         tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
         dev = [x for x in tensors if x in self.on_device]
         out = func(*args, **kwargs)
+        if func == _DEVICE_OF:
+            return DEVICE if dev else out
         if func in _READS:
             if dev and (site := _project_site()):
                 self.reads[site] += 1
-            if func is torch.Tensor.cpu and out is args[0]:  # on a GPU a copy, off the device
-                self.paused = True
-                out = out.clone()
-                self.paused = False
-            return out
+            return self._host_copy(out, args[0]) if func is torch.Tensor.cpu else out
         if func in _FACTORIES:
-            if kwargs.get("device") not in (None, "cpu"):
+            if _names_device(kwargs.get("device")):
                 self.put(out)
             return out
         if func in _LIKE or func is torch.Tensor.to:
-            target = kwargs.get("device")
-            if func is torch.Tensor.to and target is None:
-                target = next((a for a in args[1:] if isinstance(a, torch.device | str)), None)
-            if target == "cpu":
-                return out
-            if dev or (target is not None and func is torch.Tensor.to):
+            where = _names_device(kwargs.get("device"))
+            if func is torch.Tensor.to and where is None:
+                where = next((w for a in args[1:] if (w := _names_device(a)) is not None), None)
+                like = [a for a in args[1:] if isinstance(a, torch.Tensor)]  # .to(other)
+                if where is None and like:
+                    where = like[0] in self.on_device
+            if where is False:  # onto the host: a copy off the device, read back
+                if dev and func is torch.Tensor.to and (site := _project_site()):
+                    self.reads[site] += 1
+                return self._host_copy(out, args[0])
+            if where or dev:
                 self.put(out)
             return out
         if dev:

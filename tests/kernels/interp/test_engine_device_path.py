@@ -84,8 +84,8 @@ def _trace(model, cfg, n: int, phase: str, modes: list) -> None:
     ids = _ids(n)
     traces = [m for m in modes if isinstance(m, DeviceTrace)]
     with sketch_walk_session(cfg, None):
-        for t in traces:
-            t.put(ids)
+        for t in traces:  # the input and the weights live on the device
+            t.put([ids, *model.parameters(), *model.buffers()])
         with _modes(traces if phase == "decode" else modes):
             out = model(ids, use_cache=True)
         if phase == "prefill":
@@ -94,6 +94,8 @@ def _trace(model, cfg, n: int, phase: str, modes: list) -> None:
             t.reads.clear()
             t.mixed.clear()
         nxt = out.logits[:, -1:].argmax(-1)
+        for t in traces:
+            t.put(nxt)
         with _modes(modes):
             model(nxt, past_key_values=out.past_key_values, use_cache=True)
 
