@@ -14,7 +14,7 @@ import torch
 from sketchwalk.kernels import block_sparse_attention
 
 from .blockstats import exact_block_mass
-from .clock import StageTimer
+from .clock import Duration, StageTimer
 from .config import SketchWalkConfig
 from .methods import ScoreInputs
 from .select import (
@@ -36,7 +36,7 @@ class Plan:
     w: torch.Tensor | None  # [B, G, n, n] walk scores (None when the method uses none)
     selection: BlockSelection | None
     sketched: SketchedBlocks | None
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, Duration] = field(default_factory=dict)  # ms (engine/clock.py)
 
 
 def key_span(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

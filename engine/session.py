@@ -19,7 +19,7 @@ import torch
 
 from sketchwalk.kernels import backend_for
 
-from .clock import now_ms
+from .clock import Duration, Stopwatch, now_ms
 from .config import SketchWalkConfig
 from .decode import (
     DecodeLayerState,
@@ -39,7 +39,7 @@ from .step import StepMeta
 from .threads import one_thread
 
 Exact = torch.Tensor | None  # a layer step's exact block mass, where it was computed
-Outcome = tuple[Plan | None, torch.Tensor, float]  # a layer step's plan, output and its ms
+Outcome = tuple[Plan | None, torch.Tensor, Duration]  # a layer step's plan, output and its ms
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Session:
     chunk_walk: torch.Tensor | None = None  # the current chunk's rows of the previous layer's walk
     decode_states: dict[int, DecodeLayerState] = field(default_factory=dict)
     srhts: dict[tuple[int, int, str], SRHT] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
+    stage_ms: dict[str, Duration] = field(default_factory=dict)  # summed per stage (timings)
     _ones: torch.Tensor | None = None  # the all-valid key mask of the current length
     meta: StepMeta | None = None  # what the current forward step's layers share (layer 0 builds)
     # kept (row, block) pairs and all causal pairs, per phase, over sparse layers / all layers
@@ -153,8 +153,13 @@ class Session:
             c = self._ones = torch.ones(bsz, lk, dtype=torch.bool, device=device)
         return c
 
-    def _time(self, stage: str, ms: float) -> None:
-        self.timings[stage] = self.timings.get(stage, 0.0) + ms
+    @property
+    def timings(self) -> dict[str, float]:
+        """Milliseconds per stage so far (on CUDA: one wait for the GPU here, none per layer)."""
+        return {stage: float(ms) for stage, ms in self.stage_ms.items()}
+
+    def _time(self, stage: str, ms: Duration) -> None:
+        self.stage_ms[stage] = self.stage_ms.get(stage, 0.0) + ms
 
     # ---- the attention entry, one layer at a time ----
 
@@ -227,11 +232,13 @@ class Session:
             return chosen, chosen
         return chosen, layer_exact(q[:1], k[:1], kv[:1], scale, cfg, pool="mean")
 
-    def _observe(self, call: LayerCall, plan: Plan | None, exact: Exact, ms: float) -> None:
+    def _observe(self, call: LayerCall, plan: Plan | None, exact: Exact, ms: Duration) -> None:
         """The recorder's one call site: what this layer step decided, read-only."""
         assert self.recorder is not None
         sparse = plan is not None and plan.selection is not None
-        timings = dict(plan.timings if plan is not None else {}, attention=ms)
+        # recording reads the layer's times as numbers: on CUDA a wait per recorded layer
+        timings = {k: float(v) for k, v in (plan.timings if plan is not None else {}).items()}
+        timings["attention"] = ms = float(ms)
         if not sparse:
             timings["dense"] = ms
         elif self.recorder.options.time_dense:
@@ -346,14 +353,14 @@ class Session:
         for stage, ms in plan.timings.items():
             self._time(stage, ms)
 
-    def _sparse(self, call: LayerCall, plan: Plan) -> tuple[torch.Tensor, float]:
+    def _sparse(self, call: LayerCall, plan: Plan) -> tuple[torch.Tensor, Duration]:
         """The kept blocks through the kernel; returns the output and its time in ms."""
         sel = plan.selection
         assert sel is not None and self.meta is not None
         q = call.q
         padded = self.meta.padded  # read once per step, at layer 0
         seq_start = call.key_valid.float().argmax(dim=1) if padded else None
-        t0 = now_ms(q.device)
+        watch = Stopwatch(q.device)
         out = None
         if call.phase == "decode" and self.cfg.decode_reselect != 1:
             out = self._decode_kept(call, sel, seq_start)
@@ -361,7 +368,7 @@ class Session:
             out = sparse_attention(
                 self.cfg, sel, q, call.k, call.v, call.scale, seq_start, self.kernel_backend
             )
-        ms = now_ms(q.device) - t0
+        ms = watch.stop()
         self._time("attention", ms)
         self._count(call.phase, sel.kept, sel.candidates, sparse=True)
         return out, ms
@@ -384,12 +391,12 @@ class Session:
         st.gathered = keeper.plan(st.gathered, q, k, v, lists, prev, room)
         return None if st.gathered is None else keeper.run(st.gathered, q, k, v, call.scale)
 
-    def _dense(self, call: LayerCall) -> tuple[torch.Tensor, float]:
+    def _dense(self, call: LayerCall) -> tuple[torch.Tensor, Duration]:
         """Dense attention; returns the output and its time in ms."""
         q, k = call.q, call.k
-        t0 = now_ms(q.device)
+        watch = Stopwatch(q.device)
         out = dense_attention(q, k, call.v, call.mask, call.scale)
-        ms = now_ms(q.device) - t0
+        ms = watch.stop()
         self._time("attention", ms)
         nq = -(-q.shape[2] // self.cfg.block_size)
         nk = -(-k.shape[2] // self.cfg.block_size)
