@@ -6,15 +6,24 @@ it washes out single queries or keys that stand out inside a block (docs/quality
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..sketch import QueryTokens, SketchedBlocks, block_logits, block_means, causal_block_softmax
 from .base import DecodeInputs, Estimator, window_mass
 from .window import key_estimates
 
+if TYPE_CHECKING:
+    from ..config import SketchWalkConfig
+
 
 def prefill(
-    sk: SketchedBlocks, q_blocks: torch.Tensor, dim: int, cfg, tokens: QueryTokens | None = None
+    sk: SketchedBlocks,
+    q_blocks: torch.Tensor,
+    dim: int,
+    cfg: SketchWalkConfig,
+    tokens: QueryTokens | None = None,
 ) -> torch.Tensor:
     qm = block_means(sk.q_sum[:, :, q_blocks], sk.q_count[:, q_blocks])
     km = block_means(sk.k_sum, sk.k_count)

@@ -10,6 +10,8 @@ blocks is averaged over the queries of its block. Cost: L x n x r per head, 1/b 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ..sketch import (
@@ -23,6 +25,9 @@ from . import mean
 from .base import DecodeInputs, Estimator, window_mass
 from .gaussian import token_block_logits
 from .window import key_estimates, window_logits
+
+if TYPE_CHECKING:
+    from ..config import SketchWalkConfig
 
 
 def token_block_mass(
@@ -81,7 +86,11 @@ def token_block_mass(
 
 
 def prefill(
-    sk: SketchedBlocks, q_blocks: torch.Tensor, dim: int, cfg, tokens: QueryTokens | None = None
+    sk: SketchedBlocks,
+    q_blocks: torch.Tensor,
+    dim: int,
+    cfg: SketchWalkConfig,
+    tokens: QueryTokens | None = None,
 ) -> torch.Tensor:
     if tokens is None:  # no scored queries were kept: the block means are what there is
         return mean.prefill(sk, q_blocks, dim, cfg)

@@ -207,7 +207,7 @@ def decode_sampled_mass(
     queries S q; (S q) S^T scored against raw keys is the sketched inner product (S q).(S k) for
     any r, so the cache is never sketched. Cost: samples x H x T x d, once per fresh selection
     (with decode_reselect 0: once per key block). all_valid: no padding, so the one-row path
-    (sketch.current_row_mass) applies."""
+    (current_row_mass) applies."""
     lk = keys.shape[2]
     s = cfg.query_samples or window.shape[2]
     qs = window[:, :, -s:] @ srht.matrix.T  # [B, H, s, d]
@@ -223,7 +223,11 @@ def decode_sampled_mass(
 
 
 def prefill(
-    sk: SketchedBlocks, q_blocks: torch.Tensor, dim: int, cfg, tokens: QueryTokens | None = None
+    sk: SketchedBlocks,
+    q_blocks: torch.Tensor,
+    dim: int,
+    cfg: SketchWalkConfig,
+    tokens: QueryTokens | None = None,
 ) -> torch.Tensor:
     if tokens is None or tokens.keys is None:
         return query.prefill(sk, q_blocks, dim, cfg, tokens)
