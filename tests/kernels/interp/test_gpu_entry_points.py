@@ -170,11 +170,36 @@ def test_a_time_only_run_in_bfloat16(tiny_model_dir, tmp_path, monkeypatch, caps
     assert run["timings"]["clean_sparse_decode_ms_per_token"] > 0
 
 
+def _generated(db, run: dict, variant: str) -> list[tuple[int, float]]:
+    """(token id, its log-probability) of one variant's generated tokens, in order."""
+    from sketchwalk.store import open_store
+
+    with open_store(str(db)) as store:
+        t = store.tokens(run["run_id"])
+    t = t[(t["variant"] == variant) & (t["position"] >= run["prompt_tokens"])]
+    return list(zip(t["token_id"], t["logprob"], strict=True))
+
+
+def _agree_until_a_tie(a: list, b: list) -> bool:
+    """Greedy generations agree token for token, or part only at a near tie: the two runs' own
+    choices there nearly equally likely. True where they agree all the way.
+
+    Why a tie is allowed: float32 matmuls on this CPU are not bitwise repeatable within one
+    process (MKL's results depend on memory alignment), and a tiny random model's next-token
+    logits are nearly flat, so even the dense model (SDPA in both runs) can pick another token."""
+    for (ta, la), (tb, lb) in zip(a, b, strict=False):
+        if ta != tb:
+            assert la == pytest.approx(lb, abs=1e-3), (a, b)  # not a tie: a real difference
+            return False
+    return len(a) == len(b)
+
+
 def test_a_recorded_float32_run_matches_the_cpu_kernels(
     tiny_model_dir, tmp_path, monkeypatch, capsys
 ):
-    """The same run through the C kernels on the CPU: the same generations, densities and
-    teacher-forced metrics (float32, so the kernels differ by rounding only)."""
+    """The same run through the C kernels on the CPU: the same selections and teacher-forced
+    metrics (float32, so the kernels differ by rounding only), and the same generations up to a
+    near tie."""
     from sketchwalk.engine import blockstats, score_basis, sketch
 
     with Traced(monkeypatch) as t:
@@ -186,16 +211,36 @@ def test_a_recorded_float32_run_matches_the_cpu_kernels(
     for module in (sketch, score_basis, blockstats):  # the CPU path as it is
         monkeypatch.setattr(module, "all_on_host", host_all)
     cpu = _run(capsys, tiny_model_dir, tmp_path / "cpu.duckdb")
-    for key in ("dense_text", "sparse_text", "gen_common_prefix", "top1_agreement"):
-        assert dev[key] == cpu[key], key
-    for key in ("density_achieved", "density_achieved_all_layers", "density_decode"):
+    assert dev["prompt_tokens"] == cpu["prompt_tokens"]
+    for key in ("density_achieved", "density_achieved_all_layers"):
         assert dev[key] == pytest.approx(cpu[key], abs=1e-9), key
-    for key in ("kl_mean", "ppl_sparse", "gen_kl_mean"):
+    for key in ("kl_mean", "ppl_sparse"):
         assert dev[key] == pytest.approx(cpu[key], rel=1e-3, abs=1e-6), key
+    # a prompt position's top-1 may flip at a near tie too: at most two of them
+    assert dev["top1_agreement"] == pytest.approx(
+        cpu["top1_agreement"], abs=2.5 / dev["prompt_tokens"]
+    )
+    _agree_until_a_tie(
+        _generated(tmp_path / "dev.duckdb", dev, "dense"),
+        _generated(tmp_path / "cpu.duckdb", cpu, "dense"),
+    )
+    same = _agree_until_a_tie(
+        _generated(tmp_path / "dev.duckdb", dev, "sparse"),
+        _generated(tmp_path / "cpu.duckdb", cpu, "sparse"),
+    )
     _, dev_layers = _stored(tmp_path / "dev.duckdb", dev["run_id"])
     _, cpu_layers = _stored(tmp_path / "cpu.duckdb", cpu["run_id"])
+    if not same:  # decode ran over other tokens: only prefill's selections compare
+        dev_layers = dev_layers[dev_layers["phase"] != "decode"]
+        cpu_layers = cpu_layers[cpu_layers["phase"] != "decode"]
+    else:
+        assert dev["sparse_text"] == cpu["sparse_text"]
+        assert dev["density_decode"] == pytest.approx(cpu["density_decode"], abs=1e-9)
+        # a mean of 3 tokens' KL (~2e-4 here): the MKL noise above is a larger part of it
+        assert dev["gen_kl_mean"] == pytest.approx(cpu["gen_kl_mean"], rel=0.05)
     key = ["phase", "step", "layer"]
     a, b = dev_layers.sort_values(key), cpu_layers.sort_values(key)
+    assert len(a) == len(b) > 0
     assert list(a["density_achieved"].fillna(-1)) == list(b["density_achieved"].fillna(-1))
 
 
