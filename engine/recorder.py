@@ -56,7 +56,14 @@ class LayerStep:
 
 
 def _np(x: torch.Tensor | None) -> np.ndarray | None:
-    return None if x is None else x.detach().cpu().numpy()
+    """A record's own copy: a view (one group of the plan's [B, G, n, n] scores, say) would keep
+    the whole tensor alive for the rest of the run."""
+    if x is None:
+        return None
+    t = x.detach().cpu()
+    if t.untyped_storage().nbytes() > t.numel() * t.element_size() or not t.is_contiguous():
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t.numpy()
 
 
 @dataclass
