@@ -8,8 +8,9 @@ the end, the classic test of whether sparse attention still finds one far-away b
 from __future__ import annotations
 
 import random
-import re
 from importlib import resources
+
+from sketchwalk.store.needle import pass_key
 
 SAMPLES_DIR = "samples"
 FILLER = (
@@ -54,13 +55,9 @@ def needle_prompt(n_sentences: int = 300, depth: float = 0.5, seed: int = 0) -> 
     return intro + " ".join(sentences) + "\n\nWhat is the pass key? The pass key is", key
 
 
-PASS_KEY = re.compile(r"The pass key is (\d{5})\. Remember it\.")
-
-
 def find_pass_key(prompt: str) -> str | None:
-    """The key of a pass-key prompt made by `needle_prompt` (what Explore follows by default)."""
-    m = PASS_KEY.search(prompt or "")
-    return m.group(1) if m else None
+    """The key of a pass-key prompt (what Explore follows by default)."""
+    return pass_key(prompt)
 
 
 SAMPLES = {

@@ -12,6 +12,7 @@ resident memory in its timings (`peak_rss_mb`).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -61,8 +62,10 @@ class RunOptions:
     recorder: RecorderOptions = field(default_factory=RecorderOptions)
     kernel_backend: str | None = None
     max_prompt_tokens: int | None = None  # None: the model's context
-    # also time one clean dense and one clean sparse pass (no recorder): engine/timing.py
+    # also time clean dense and sparse passes (no recorder): engine/timing.py
     clean_timing: bool = False
+    # clean passes: timings are their medians, speed-ups carry the range over the passes
+    clean_repeats: int = 3
 
 
 def tokenize(lm: LoadedModel, prompt: str) -> torch.Tensor:
@@ -223,7 +226,8 @@ def _run(
     eos = tok.eos_token_id
     n_layers = int(model.config.num_hidden_layers)
     passes = 2 * (1 + opts.max_new_tokens)
-    total = passes + (passes // 2 if opts.clean_timing else 0)  # clean passes: ~ a third more
+    repeats = max(1, opts.clean_repeats) if opts.clean_timing else 0
+    total = passes + (passes // 2) * repeats  # a clean pass: ~ a third of the recorded ones
 
     def report(done: float, msg: str) -> None:
         if progress is not None:
@@ -287,9 +291,16 @@ def _run(
         dense_decode_ms_per_token=dense.decode_ms / max(len(dense.new_ids) - 1, 1),
         sparse_decode_ms_per_token=sparse.decode_ms / max(len(sparse.new_ids) - 1, 1),
     )
-    if opts.clean_timing:
-        report(passes, "timing a clean pass")
-    timings.update(_clean_timings(lm, ids, cfg, opts, timings))
+    timings.update(
+        _clean_timings(
+            lm,
+            ids,
+            cfg,
+            opts,
+            timings,
+            lambda i: report(passes + (passes // 2) * i, f"timing clean pass {i + 1}/{repeats}"),
+        )
+    )
     if recorder is not None:
         dense_attn = [
             r.t_dense_ms
@@ -320,16 +331,56 @@ def _run(
 
 
 def _clean_timings(
-    lm: LoadedModel, ids: torch.Tensor, cfg: SketchWalkConfig, opts: RunOptions, timings: dict
+    lm: LoadedModel,
+    ids: torch.Tensor,
+    cfg: SketchWalkConfig,
+    opts: RunOptions,
+    timings: dict,
+    on_pass: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
-    """Clean-pass timings beside the recorded ones (RunOptions.clean_timing), else nothing."""
+    """Clean-pass timings beside the recorded ones (RunOptions.clean_timing), else nothing.
+
+    `clean_repeats` passes (dense and sparse each): every `clean_*` key is the median over them,
+    and `clean_{prefill,decode}_speedup` the median of each pass's dense / sparse ratio, with
+    `_lo`/`_hi` its range, so a verdict can tell a speed-up from the noise of a busy machine.
+    """
     if not opts.clean_timing:
         return {}
     from .timing import clean_timings, recording_overhead
 
-    out = clean_timings(lm.model, ids, cfg, opts.max_new_tokens, opts.kernel_backend)
+    runs = []
+    for i in range(max(1, opts.clean_repeats)):
+        if on_pass is not None:
+            on_pass(i)
+        runs.append(clean_timings(lm.model, ids, cfg, opts.max_new_tokens, opts.kernel_backend))
+    out = median_timings(runs)
     if opts.record:  # a run without the recorder has no recording overhead to report
         out.update(recording_overhead({**timings, **out}))
+    return out
+
+
+SPEEDUPS = {
+    "prefill": ("clean_dense_prefill_ms", "clean_sparse_prefill_ms"),
+    "decode": ("clean_dense_decode_ms_per_token", "clean_sparse_decode_ms_per_token"),
+}
+
+
+def median_timings(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each key's median over the passes, plus each phase's dense/sparse speed-up: the median of
+    the per-pass ratios and their range (`clean_<phase>_speedup`, `_lo`, `_hi`)."""
+    keys = sorted(set().union(*runs)) if runs else []
+    out = {k: statistics.median(r[k] for r in runs if k in r) for k in keys}
+    out["clean_repeats"] = len(runs)
+    for phase, (dense_key, sparse_key) in SPEEDUPS.items():
+        ratios = [
+            r[dense_key] / r[sparse_key]
+            for r in runs
+            if r.get(dense_key) and r.get(sparse_key) and r[sparse_key] > 0
+        ]
+        if ratios:
+            out[f"clean_{phase}_speedup"] = statistics.median(ratios)
+            out[f"clean_{phase}_speedup_lo"] = min(ratios)
+            out[f"clean_{phase}_speedup_hi"] = max(ratios)
     return out
 
 
