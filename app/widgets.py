@@ -10,6 +10,7 @@ markdown or HTML.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -190,9 +191,85 @@ def run_meta(url: str, run_id: str) -> dict[str, Any]:
 
 def clear_caches() -> None:
     """After a delete or an import: cached reads may name runs that changed."""
-    for fn in (heatmap, decode_rows, layer_stats, blocks, tokens, run_meta, last_rows):
+    for fn in (
+        heatmap,
+        decode_rows,
+        layer_stats,
+        blocks,
+        tokens,
+        run_meta,
+        last_rows,
+        query_layers,
+    ):
         fn.clear()
     _layer_views().clear()
+
+
+# ---- the verdict of a run -------------------------------------------------------------------
+
+LEVEL_ICONS = {"ok": "✅", "bad": "❌", "warn": "⚠️", "info": ""}
+
+
+def verdict_panel(run: dict[str, Any], stats: pd.DataFrame | None, key: str) -> None:
+    """The run's verdict (app/verdict.py): one bordered row of numbers, a note under each, and
+    the warnings (off-target density, speed-ups that are noise) under them."""
+    from sketchwalk.app.verdict import verdict
+
+    out = verdict(run, stats)
+    with st.container(border=True, key=f"{key}_verdict"):
+        st.markdown("**Verdict** · what this run says about the sparse model against dense")
+        per_row = 4
+        for i in range(0, len(out.items), per_row):
+            cols = st.columns(per_row)
+            for col, item in zip(cols, out.items[i : i + per_row], strict=False):
+                icon = LEVEL_ICONS.get(item.level, "")
+                col.metric(f"{item.label} {icon}".strip(), item.value)
+                if item.note:
+                    col.caption(item.note)
+        for warning in out.warnings:
+            st.warning(plain_markdown(warning))
+
+
+# ---- a query's attention, on demand (the drill-down) ----------------------------------------
+
+QUERY_KEY = "ex_query"  # {"run": id, "position": p}: the token whose row Explore outlines
+
+
+def open_query_in_explore(run_id: str, position: int, layer: int, group: int | None) -> None:
+    """Jump to Explore at a prefill layer (and KV group) with a token's query row outlined."""
+    st.session_state[RUN_KEY] = run_id
+    st.session_state[QUERY_KEY] = {"run": run_id, "position": int(position)}
+    st.session_state["ex_phase"] = "prefill"
+    st.session_state["ex_layer_next"] = int(layer)
+    st.session_state["ex_group_next"] = int(group) if group is not None else None
+    st.switch_page("pages/explore.py")
+
+
+_PROBE_LOCK = threading.Lock()  # one model instance: runs switch its attention implementation
+
+
+@st.cache_resource(show_spinner=False, max_entries=1)
+def _probe_model(model_id: str | None, dtype: str):
+    from sketchwalk.engine.models import load_model
+
+    return load_model(model_id or None, dtype)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def query_layers(url: str, run_id: str, position: int) -> list[Any]:
+    """Per prefill layer, what token `position` attended to and what its row dropped
+    (engine.recorder.QueryLayer): not in the store, so computed on demand by re-running the
+    run's sparse prefill with a probe (engine.runner.probe_queries; memory bounded by heads x
+    keys of that one token). Cached per run and token."""
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.runner import probe_queries
+
+    run = run_meta(url, run_id)
+    req = run.get("request") or {}
+    cfg = SketchWalkConfig.from_stored(run.get("config") or {})
+    with _PROBE_LOCK:
+        lm = _probe_model(req.get("model") or run.get("model_id"), req.get("dtype") or "float32")
+        return probe_queries(lm, run["prompt"], cfg, [int(position)])
 
 
 # ---- choosing a run -------------------------------------------------------------------------

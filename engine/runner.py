@@ -36,7 +36,7 @@ from .metrics import (
     token_logprobs,
 )
 from .models import LoadedModel
-from .recorder import Recorder, RecorderOptions
+from .recorder import QueryLayer, QueryProbe, Recorder, RecorderOptions
 from .records import BlockSpan, RunResult, TokenRecord
 from .session import sketch_walk_session
 
@@ -412,3 +412,31 @@ def _token_records(
         for i, t in enumerate(dec.new_ids):
             out.append(TokenRecord(variant, n + i, t, tok.decode([t]), lps[i], kls[i]))
     return out
+
+
+@torch.no_grad()
+def probe_queries(
+    lm: LoadedModel,
+    prompt: str,
+    cfg: SketchWalkConfig,
+    positions: list[int],
+    top_k: int = 8,
+    kernel_backend: str | None = None,
+) -> list[QueryLayer]:
+    """The drill-down of a few prompt tokens, computed on demand: the run's sparse prefill again
+    (same prompt, config and model, so the same selection), with a QueryProbe reading each
+    layer's attention rows of those positions. Memory: heads x keys per position and layer."""
+    ids = tokenize(lm, prompt)
+    n = ids.shape[1]
+    bad = [p for p in positions if not 0 <= int(p) < n]
+    if bad:
+        raise PromptError(f"position {bad[0]} is not in the prompt (0 to {n - 1})")
+    probe = QueryProbe(sorted({int(p) for p in positions}), top_k)
+    model = lm.model
+    model.set_attn_implementation(NAME)
+    try:
+        with sketch_walk_session(cfg, probe, None, kernel_backend):
+            LMParts.of(model).body(ids, use_cache=False)
+    finally:
+        model.set_attn_implementation("sdpa")
+    return probe.layers
