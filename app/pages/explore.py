@@ -34,16 +34,15 @@ ALL_GROUPS = -1  # the group picker's "all groups" (None would show as an empty 
 
 
 def walks(config: dict, method: str | None) -> bool:
-    """Whether the run walked (beta > 0 with a method that walks): else no walk views."""
+    """Whether the run walked (beta > 0 with a method that walks): else no walk views. A config
+    stored without beta (older or hand-made runs) cannot say: what was stored is shown."""
+    if "beta" not in config:
+        return True
     try:
-        return (
-            SketchWalkConfig.from_stored(
-                {**config, "method": method or config.get("method")}
-            ).effective_beta
-            > 0
-        )
+        cfg = SketchWalkConfig.from_stored({**config, "method": method or config.get("method")})
     except (ConfigError, TypeError, ValueError):
-        return True  # an unreadable config: show what was stored
+        return True
+    return cfg.effective_beta > 0
 
 
 store = widgets.setup("Explore")
