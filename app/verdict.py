@@ -166,11 +166,6 @@ def needle_item(run: dict[str, Any]) -> Item | None:
     return Item("needle", f"Needle {key}", "lost", "dense answers it, sparse does not", "bad")
 
 
-def _ratio_text(mid: float, lo: float | None, hi: float | None) -> str:
-    spread = f" ({lo:.2f}–{hi:.2f})" if lo is not None and hi is not None else ""
-    return f"{mid:.2f}×{spread}"
-
-
 def speed_items(run: dict[str, Any]) -> tuple[list[Item], list[str]]:
     """Prefill and decode speed of the clean pass: medians of repeats with their spread, held
     against the ceiling (above it the difference is noise, and the verdict says so)."""
@@ -198,8 +193,8 @@ def speed_items(run: dict[str, Any]) -> tuple[list[Item], list[str]]:
             continue
         lo, hi = _num(t.get(f"clean_{phase}_speedup_lo")), _num(t.get(f"clean_{phase}_speedup_hi"))
         how = (
-            f"median of {repeats} clean passes (range in brackets)"
-            if repeats > 1
+            f"median of {repeats} clean passes, range {lo:.2f}–{hi:.2f}×"
+            if repeats > 1 and lo is not None and hi is not None
             else "one clean pass: no spread known"
         )
         cap = ceilings.get(phase)
@@ -218,7 +213,7 @@ def speed_items(run: dict[str, Any]) -> tuple[list[Item], list[str]]:
             level, verdict_note = ("ok" if mid >= 1.0 else "warn"), ""
         ceiling = f"; ceiling {cap.at_density:.2f}×" if cap is not None else ""
         note = "; ".join(x for x in (how + ceiling, verdict_note) if x)
-        items.append(Item(phase, label, _ratio_text(mid, lo, hi), note, level))
+        items.append(Item(phase, label, f"{mid:.2f}×", note, level))
     return items, warnings
 
 
