@@ -7,6 +7,7 @@ call `figures.<name>`; the names below stay importable from here.
 """
 
 from sketchwalk.app.figures.common import (
+    HOUSE_COLOURWAY,
     LOG_FLOOR,
     MATRIX_TITLES,
     OKABE_ITO,
@@ -63,6 +64,7 @@ from sketchwalk.app.figures.tokens import (
 
 __all__ = [
     "CURVES",
+    "HOUSE_COLOURWAY",
     "LayerData",
     "LOG_FLOOR",
     "MAX_SIDE",
