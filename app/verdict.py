@@ -92,10 +92,17 @@ def density_item(run: dict[str, Any]) -> tuple[Item, str | None]:
         if floor is not None
         else "the forced blocks (sink, local window) take a large share at this length"
     )
+    tile = config.get("query_block")
+    tiles = (
+        f"; query tiles of {tile} tokens share one block list, so a tile keeps the forced "
+        "blocks of all its rows"
+        if isinstance(tile, int) and isinstance(block, int) and tile > block
+        else ""
+    )
     more = (
-        "; a longer prompt (or smaller blocks) lets the density reach the target"
+        f"{tiles}; a longer prompt (or smaller blocks) lets the density reach the target"
         if floor is not None and floor >= target * 0.8
-        else "; the rest comes from query tiles sharing one list and per-layer budgets rounding up"
+        else f"{tiles}; the rest comes from per-layer budgets rounding up"
     )
     warning = (
         f"Achieved density {achieved:.2f} is far above the target {target:.2f}: {why}{more}. "

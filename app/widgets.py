@@ -233,7 +233,12 @@ def clear_caches() -> None:
 
 # ---- the verdict of a run -------------------------------------------------------------------
 
-LEVEL_ICONS = {"ok": "✅", "bad": "❌", "warn": "⚠️", "info": ""}
+LEVEL_ICONS = {  # Material icons: emoji render as empty boxes where no emoji font is installed
+    "ok": ":material/check_circle:",
+    "bad": ":material/cancel:",
+    "warn": ":material/warning:",
+    "info": "",
+}
 
 
 def verdict_panel(run: dict[str, Any], stats: pd.DataFrame | None, key: str) -> None:
