@@ -199,11 +199,13 @@ def speed_items(run: dict[str, Any]) -> tuple[list[Item], list[str]]:
             items.append(Item(phase, label, "–", "no new tokens" if phase == "decode" else ""))
             continue
         lo, hi = _num(t.get(f"clean_{phase}_speedup_lo")), _num(t.get(f"clean_{phase}_speedup_hi"))
-        how = (
-            f"median of {repeats} clean passes, range {lo:.2f}–{hi:.2f}×"
-            if repeats > 1 and lo is not None and hi is not None
-            else "one clean pass: no spread known"
-        )
+        tokens = int(_num(t.get("clean_decode_tokens")) or 0)
+        if lo is None or hi is None:
+            how = "one clean pass: no spread known"
+        elif phase == "decode":
+            how = f"median of {tokens} clean tokens' ratios, middle half {lo:.2f}–{hi:.2f}×"
+        else:
+            how = f"median of {repeats} clean passes, range {lo:.2f}–{hi:.2f}×"
         cap = ceilings.get(phase)
         if cap is not None and mid > cap.at_density * 1.02:
             items.append(Item(phase, label, "noise", f"measured {mid:.2f}× > ceiling", "warn"))

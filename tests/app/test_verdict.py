@@ -3,12 +3,14 @@ kept, KL and top-1, the needle found or lost, and clean-pass speed held against 
 
 from __future__ import annotations
 
+import statistics
+
 import pandas as pd
 import pytest
 
 from sketchwalk.app import verdict as v
 from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.runner import median_timings
+from sketchwalk.engine.runner import decode_spread, median_timings
 
 CONFIG = SketchWalkConfig(density=0.2).to_dict()  # what a run stores: every knob
 
@@ -85,24 +87,30 @@ def test_needle_found_lost_or_untellable(dense, sparse, value, level):
     assert (item.label, item.value, item.level) == ("Needle 52445", value, level)
 
 
-def _timings(prefill=(1.1, 1.2, 1.3), decode=(1.05, 1.1, 1.2), attn_share=0.5):
+def _timings(prefill=(1.1, 1.2, 1.3), decode=(1.05, 1.1, 1.2, 1.1), attn_share=0.5):
+    """Three clean prefills at the given speed-ups; the first pass decodes a token per entry of
+    `decode` (dense 20 ms each, sparse 20 / ratio)."""
     runs = []
-    for p, d in zip(prefill, decode, strict=True):
-        runs.append(
-            {
-                "clean_dense_prefill_ms": 1000.0,
-                "clean_sparse_prefill_ms": 1000.0 / p,
-                "clean_dense_attention_ms": 1000.0 * attn_share,
-                "clean_sparse_attention_ms": 100.0,
-                "clean_sparse_selection_ms": 10.0,
-                "clean_dense_decode_ms_per_token": 20.0,
-                "clean_sparse_decode_ms_per_token": 20.0 / d,
-                "clean_dense_decode_attention_ms": 20.0 * attn_share,
-                "clean_sparse_decode_attention_ms": 2.0,
-                "clean_sparse_decode_selection_ms": 0.1,
-            }
-        )
-    return median_timings(runs)
+    for i, p in enumerate(prefill):
+        r = {
+            "clean_dense_prefill_ms": 1000.0,
+            "clean_sparse_prefill_ms": 1000.0 / p,
+            "clean_dense_attention_ms": 1000.0 * attn_share,
+            "clean_sparse_attention_ms": 100.0,
+            "clean_sparse_selection_ms": 10.0,
+        }
+        if i == 0:
+            r.update(
+                clean_dense_decode_ms_per_token=20.0,
+                clean_sparse_decode_ms_per_token=20.0 / statistics.mean(decode),
+                clean_dense_decode_attention_ms=20.0 * attn_share,
+                clean_sparse_decode_attention_ms=2.0,
+                clean_sparse_decode_selection_ms=0.1,
+            )
+        runs.append(r)
+    out = median_timings(runs)
+    out.update(decode_spread([20.0] * len(decode), [20.0 / d for d in decode]))
+    return out
 
 
 def test_median_timings_medians_and_ratio_range():
@@ -131,8 +139,19 @@ def test_speed_above_the_ceiling_is_called_noise():
 
 
 def test_speed_range_spanning_one_is_no_clear_difference():
-    out = v.verdict(_run(timings=_timings(decode=(0.9, 1.0, 1.1))))
+    out = v.verdict(_run(timings=_timings(decode=(0.8, 0.9, 1.1, 1.2))))
     assert "no clear difference" in out.item("decode").note
+
+
+def test_decode_spread_is_the_middle_half_of_per_token_ratios():
+    t = decode_spread([10.0, 10.0, 10.0, 10.0, 10.0], [10.0, 5.0, 8.0, 12.5, 10.0])
+    assert t["clean_decode_tokens"] == 5
+    assert t["clean_decode_speedup"] == pytest.approx(1.0)  # ratios 1, 2, 1.25, 0.8, 1
+    assert (t["clean_decode_speedup_lo"], t["clean_decode_speedup_hi"]) == pytest.approx(
+        (1.0, 1.25)
+    )
+    out = v.verdict(_run(timings=_timings(decode=(1.1, 1.2, 1.3, 1.2))))
+    assert "median of 4 clean tokens' ratios, middle half" in out.item("decode").note
 
 
 def test_run_without_clean_pass_or_records():
