@@ -13,6 +13,7 @@ import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from sketchwalk.app import figures, prompts, widgets
+from sketchwalk.app.verdict import FAR_ABS, FAR_RATIO
 from sketchwalk.engine.config import ConfigError, SketchWalkConfig
 from sketchwalk.engine.records import group_phase, split_phase
 from sketchwalk.engine.request import stored_time_only
@@ -272,6 +273,13 @@ def layer_panel(
         else ""
     )
     st.caption(f"Layer {layer} · {n_hm} blocks · data + figures {build_ms:.0f} ms{detail}")
+    got = row["density_achieved"]
+    if not row["dense"] and got == got and got > target * FAR_RATIO and got - target > FAR_ABS:
+        st.caption(
+            f":material/warning: This layer kept {got:.2f} of its causal block pairs against a "
+            f"target of {target:.2f}: the forced blocks (sink, local window) take that much at "
+            "this length (the verdict above says how much)."
+        )
     if group_ids:
         _, which = split_phase(data_phase)
         st.caption(

@@ -51,6 +51,11 @@ def test_explore_opens_with_the_runs_verdict(app_env):
     assert mass == f"{sparse.mean():.1%}"
     prefill = next(v for k, v in got.items() if k.startswith("Prefill speed"))
     assert prefill == "noise" or re.fullmatch(r"\d+\.\d\d×", prefill)  # clean passes timed
+    layer = at.select_slider(key="ex_layer").value  # the shown layer, warned when off target
+    got = stats[(stats["phase"] == "prefill") & (stats["layer"] == layer)]["density_achieved"]
+    far = float(got.iloc[0]) > 0.2 * 1.25 and float(got.iloc[0]) - 0.2 > 0.05
+    warned = [c.value for c in at.caption if "This layer kept" in c.value]
+    assert bool(warned) == far and (not far or f"kept {float(got.iloc[0]):.2f}" in warned[0])
     t = run["timings"]
     assert (
         t["clean_repeats"] == 3 and t["clean_prefill_speedup_lo"] <= t["clean_prefill_speedup_hi"]
