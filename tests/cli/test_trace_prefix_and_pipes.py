@@ -62,3 +62,17 @@ def test_runs_piped_into_head_prints_its_first_line_only(many):
     cmd = f"{sys.executable} -m sketchwalk.cli.main runs --db {url} | head -1"
     out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert out.stdout.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+
+
+def test_resolve_run_id_on_postgresql(pg_url):
+    """The prefix match is portable SQL (LIKE on the id): the same answers on PostgreSQL."""
+    from sketchwalk.store.errors import UnknownRunError
+
+    with open_store(pg_url) as store:
+        ids = [save_known(store) for _ in range(17)]
+        assert store.resolve_run_id(ids[5][:8].upper()) == ids[5]  # hex is case-blind
+        first = Counter(i[0] for i in ids).most_common(1)[0][0]
+        with pytest.raises(UnknownRunError, match="matches several runs"):
+            store.resolve_run_id(first)
+        with pytest.raises(UnknownRunError, match="not a run id"):
+            store.resolve_run_id("x%")  # a LIKE wildcard is refused, not matched
