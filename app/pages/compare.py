@@ -124,19 +124,36 @@ if worst.empty:
     st.caption("No prompt token has a KL to explain in this run.")
     st.stop()
 clicked = [int(p["x"]) for p in (strip.selection.points if strip else []) if "x" in p]
-if clicked and 0 < clicked[0] < n:  # a click on a prompt token of the strip
+explain = st.session_state.get("cmp_explained")  # (run, token) whose cause is shown
+# a click on a prompt token's bar explains it; the selection stays in the chart's state, so a
+# click counts once (a later pick in the box below must not be undone by an old click)
+if clicked and 0 < clicked[0] < n and (run_id, clicked[0]) != st.session_state.get("cmp_click"):
+    st.session_state["cmp_click"] = (run_id, clicked[0])
     st.session_state["cmp_query"] = clicked[0]
+    explain = (run_id, clicked[0])
 choices = list(dict.fromkeys([*worst["position"], st.session_state.get("cmp_query", -1)]))
 choices = [c for c in choices if 0 < c < n]
 labels_q = figures.token_choice_labels(toks, choices)
 if st.session_state.get("cmp_query") not in choices:
     st.session_state["cmp_query"] = choices[0]
-position = st.selectbox(
-    "Token to explain (the prompt tokens with the highest KL; or click a bar above)",
-    choices,
-    format_func=lambda p: labels_q.get(p, str(p)),
-    key="cmp_query",
-)
+q1, q2 = st.columns([4, 1], vertical_alignment="bottom")
+with q1:
+    position = st.selectbox(
+        "Token to explain (the prompt tokens with the highest KL; or click a bar above)",
+        choices,
+        format_func=lambda p: labels_q.get(p, str(p)),
+        key="cmp_query",
+    )
+with q2:
+    if st.button("Explain this token", key="btn_cmp_explain"):
+        explain = (run_id, int(position))
+st.session_state["cmp_explained"] = explain
+if explain != (run_id, int(position)):
+    st.caption(
+        "Click a token's bar or press Explain: the page re-runs this run's sparse prefill to "
+        "read that token's attention (about as long as the run's own sparse prefill)."
+    )
+    st.stop()
 with st.spinner(f"Re-running this run's sparse prefill to read token t{position}'s attention…"):
     try:
         layers = widgets.query_layers(url, run_id, int(position))

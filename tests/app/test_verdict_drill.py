@@ -100,6 +100,8 @@ def test_compare_drills_from_a_high_kl_token_to_the_layer_that_dropped_its_atten
 
     at = _page(new_app().run(), "compare", rid)
     assert at.selectbox(key="cmp_query").value == worst  # the highest-KL token by default
+    assert not [d for d in at.dataframe if "Dropped attention" in d.value.columns]  # on request
+    at.button(key="btn_cmp_explain").click().run()
     expected = probe_queries(
         load_model(tiny_model), run["prompt"], SketchWalkConfig.from_stored(run["config"]), [worst]
     )
