@@ -49,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--prompt-file", required=True)
     ap.add_argument("--shot", default=None, help="save the verdict panel as this PNG")
+    ap.add_argument(
+        "--no-clean-timing",
+        action="store_true",
+        help="untick 'Also time a clean pass' (a verdict without speed, sooner)",
+    )
     args = ap.parse_args(argv)
     if not Path(args.prompt_file).is_file():
         print(f"app_latency: no such prompt file: {args.prompt_file}", file=sys.stderr)
@@ -83,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
             area.press("Control+Enter")
             page.get_by_text("tokens · limit").first.wait_for()
             page.wait_for_timeout(1500)
+            if args.no_clean_timing:
+                page.get_by_text("Also time a clean pass", exact=True).click()
+                page.wait_for_timeout(1500)
             t0 = time.monotonic()
             page.get_by_role("button", name="Run", exact=True).click()
             verdict = page.locator(".st-key-nr_verdict")
