@@ -70,8 +70,9 @@ if clean:
         "last-token logits only. Attention alone compares the dense model's attention with "
         "the sparse path's whole cost (sketch, walk and select included), all layers. "
         + (
-            f"Medians of {int(timings['clean_repeats'])} passes each (the verdict on Explore "
-            "gives their range); `sketchwalk bench model` repeats more."
+            f"Prefill: medians of {int(timings['clean_repeats'])} clean passes; decode: the "
+            "first pass's mean per token (the verdict on Explore gives both spreads); "
+            "`sketchwalk bench model` repeats more."
             if timings.get("clean_repeats", 1) > 1
             else "One pass each, so expect noise; `sketchwalk bench model` repeats and takes "
             "medians."
