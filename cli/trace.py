@@ -1,5 +1,7 @@
 """`sketchwalk trace RUN_ID --text TEXT`: follow a needle's blocks through a stored run.
 
+RUN_ID may be the first characters of an id (the app shows 8): one matching run, else one line.
+
 Prints, per phase, layer and decode step, the blocks holding the text, whether each was kept,
 the exact attention mass they got (where recorded) and their rank in the selecting scores;
 `--json` prints one JSON object instead. A text that is not in the prompt is one line, exit 2.
@@ -16,7 +18,9 @@ from sketchwalk.store.needle import NeedleTrace, trace
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("trace", help="follow a needle (a text in the prompt) through a run")
-    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument(
+        "run_id", metavar="RUN_ID", help="a run id, or its first characters (the app shows 8)"
+    )
     p.add_argument(
         "--text", required=True, help="text to find in the run's prompt, e.g. a pass key"
     )
@@ -32,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     with open_store(args.db) as store:
-        result = trace(store, args.run_id, args.text)
+        result = trace(store, store.resolve_run_id(args.run_id), args.text)
     if args.json:
         print(json.dumps(result.as_dict()))
     else:

@@ -99,8 +99,10 @@ def compare_prompt(
     return _compare_rows(dense_logits[:-1], sparse_logits[:-1], ids[1:])
 
 
-# Positions per chunk so one chunk's fp32 logits stay near 128 MiB (x ~6 live temporaries).
-CHUNK_ELEMS = 1 << 25
+# Positions per chunk so one chunk's fp32 logits stay near 32 MiB (x ~6 live temporaries): small
+# enough that the allocator reuses them chunk after chunk (an 8k-token recorded run of the tiny
+# Llama compared in 0.84 GB, where chunks of 128 MiB took 1.9 GB, 4.7 GB with per-chunk results).
+CHUNK_ELEMS = 1 << 23
 
 
 def compare_prompt_chunked(
@@ -121,18 +123,27 @@ def compare_prompt_chunked(
         return PromptComparison(empty, empty, empty, empty.bool())
     if chunk is None:  # size the chunk from the vocabulary
         chunk = max(1, CHUNK_ELEMS // int(logits_fn(dense_hidden[:1]).shape[-1]))
-    parts = []
+    # The per-position results go into buffers allocated once, before any chunk: small results
+    # kept per chunk would be carved out of the chunk's just-freed logits, and the next chunk's
+    # logits then no longer fit there (glibc with raised thresholds, sketchwalk/allocator.py):
+    # an 8k-token run's comparison grew to 4.7 GB that way instead of 1.5 GB.
+    out = PromptComparison(
+        kl=torch.empty(t - 1),
+        logprob_dense=torch.empty(t - 1),
+        logprob_sparse=torch.empty(t - 1),
+        agree=torch.empty(t - 1, dtype=torch.bool),
+    )
     for s in range(0, t - 1, chunk):
         e = min(t - 1, s + chunk)  # row t-1 predicts past the prompt: not compared
         d, sp = logits_fn(dense_hidden[s:e]), logits_fn(sparse_hidden[s:e])
-        parts.append(_compare_rows(d, sp, ids[s + 1 : e + 1]))
+        part = _compare_rows(d, sp, ids[s + 1 : e + 1])
         del d, sp
-    return PromptComparison(
-        kl=torch.cat([p.kl for p in parts]),
-        logprob_dense=torch.cat([p.logprob_dense for p in parts]),
-        logprob_sparse=torch.cat([p.logprob_sparse for p in parts]),
-        agree=torch.cat([p.agree for p in parts]),
-    )
+        out.kl[s:e] = part.kl
+        out.logprob_dense[s:e] = part.logprob_dense
+        out.logprob_sparse[s:e] = part.logprob_sparse
+        out.agree[s:e] = part.agree
+        del part
+    return out
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

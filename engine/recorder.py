@@ -56,7 +56,14 @@ class LayerStep:
 
 
 def _np(x: torch.Tensor | None) -> np.ndarray | None:
-    return None if x is None else x.detach().cpu().numpy()
+    """A record's own copy: a view (one group of the plan's [B, G, n, n] scores, say) would keep
+    the whole tensor alive for the rest of the run."""
+    if x is None:
+        return None
+    t = x.detach().cpu()
+    if t.untyped_storage().nbytes() > t.numel() * t.element_size() or not t.is_contiguous():
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t.numpy()
 
 
 @dataclass
@@ -179,3 +186,98 @@ class Recorder:
             return torch.ones(1, dtype=torch.bool, device=key_valid.device)
         qv = torch.nn.functional.pad(key_valid[0, -lq:].float(), (0, rows * block_size - lq))
         return qv.view(rows, block_size).sum(-1) > 0
+
+
+# ---- a query's own attention, on demand ---------------------------------------------------------
+
+
+@dataclass
+class QueryLayer:
+    """What one prefill layer did for one query token (position `position`, in query block
+    `block`): per selection group, the exact softmax mass (mean over the group's heads) on the
+    key blocks the selection dropped for that block's row; per head, the same and the top
+    source tokens (position, weight, whether its block was kept). `kept` is the row's kept
+    blocks, any group (dense layers: every causal block)."""
+
+    layer: int
+    position: int
+    block: int
+    dense: bool
+    dropped_by_group: list[float]
+    dropped_by_head: list[float]
+    top: list[list[tuple[int, float, bool]]]  # per head: (source position, weight, kept)
+    kept: np.ndarray  # [n] bool
+
+
+@dataclass
+class QueryProbe:
+    """A recorder that keeps, for a few query positions of a prefill, their attention rows per
+    head and layer reduced to what the drill-down shows (QueryLayer). Memory is bounded by
+    heads x keys per probed query (one row of scores at a time), never a T x T matrix; the run
+    itself is untouched (the session hands it the same read-only LayerStep as the recorder)."""
+
+    positions: list[int]
+    top_k: int = 8
+    options: RecorderOptions = field(
+        default_factory=lambda: RecorderOptions(exact_max_tokens=0, time_dense=False, decode=False)
+    )
+    layers: list[QueryLayer] = field(default_factory=list)
+
+    def observes(self, phase: str) -> bool:
+        return phase == "prefill"
+
+    def wants_exact(self, lk: int) -> bool:
+        return False
+
+    def record(self, obs: LayerStep) -> None:
+        if obs.phase != "prefill":
+            return
+        q, k, b = obs.q[0], obs.k[0].float(), obs.block_size  # [H, L, d], [Hkv, L, d]
+        h, hkv, lk = q.shape[0], k.shape[0], k.shape[1]
+        n = -(-lk // b)
+        offset = lk - q.shape[1]
+        plan = obs.plan
+        sel = None
+        if plan is not None and plan.selection is not None:
+            sel = selection_mask(plan.selection, n)[0]  # [G, nq, n]
+        valid = obs.key_valid[0]
+        for pos in self.positions:
+            row = pos - offset
+            if not 0 <= row < q.shape[1]:
+                continue
+            scores = q[:, row].float().view(hkv, h // hkv, 1, -1) @ k.transpose(-1, -2)[:, None]
+            scores = scores.view(h, lk) * obs.scale
+            scores[:, pos + 1 :] = float("-inf")  # causal: keys after the query
+            scores[:, ~valid] = float("-inf")
+            probs = torch.softmax(scores, dim=-1)  # [H, Lk]
+            mass = torch.nn.functional.pad(probs, (0, n * b - lk)).view(h, n, b).sum(-1)
+            blk = pos // b
+            causal = torch.arange(n) <= blk
+            if sel is None:
+                kept_g = causal[None].expand(1, n)
+            else:
+                kept_g = sel[:, blk - (n - sel.shape[1])] & causal  # the query block's row
+            groups = kept_g.shape[0]
+            head_group = torch.arange(h) // (h // groups) if groups <= h else torch.zeros(h)
+            kept_h = kept_g[head_group.long()]  # [H, n]
+            dropped_h = (mass * (~kept_h & causal)).sum(-1)  # [H]
+            dropped_g = [float(dropped_h[head_group == g].mean()) for g in range(groups)]
+            kk = min(self.top_k, pos + 1)
+            w, idx = probs.topk(kk, dim=-1)
+            kept_top = kept_h.gather(1, idx // b)  # [H, k]: the source token's block kept
+            top = [
+                list(zip(idx[hd].tolist(), w[hd].tolist(), kept_top[hd].tolist(), strict=True))
+                for hd in range(h)
+            ]
+            self.layers.append(
+                QueryLayer(
+                    obs.layer,
+                    pos,
+                    blk,
+                    sel is None,
+                    dropped_g,
+                    dropped_h.tolist(),
+                    top,
+                    kept_g.any(0).numpy().copy(),
+                )
+            )

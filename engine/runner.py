@@ -12,6 +12,7 @@ resident memory in its timings (`peak_rss_mb`).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,7 +36,7 @@ from .metrics import (
     token_logprobs,
 )
 from .models import LoadedModel
-from .recorder import Recorder, RecorderOptions
+from .recorder import QueryLayer, QueryProbe, Recorder, RecorderOptions
 from .records import BlockSpan, RunResult, TokenRecord
 from .session import sketch_walk_session
 
@@ -52,6 +53,7 @@ class Decoded:
     prefill_ms: float
     decode_ms: float
     logits: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.float  # hidden rows -> logits
+    cache: object | None = None  # the KV cache after decoding, when asked to keep it
 
 
 @dataclass
@@ -61,8 +63,10 @@ class RunOptions:
     recorder: RecorderOptions = field(default_factory=RecorderOptions)
     kernel_backend: str | None = None
     max_prompt_tokens: int | None = None  # None: the model's context
-    # also time one clean dense and one clean sparse pass (no recorder): engine/timing.py
+    # also time clean dense and sparse passes (no recorder): engine/timing.py
     clean_timing: bool = False
+    # clean passes: timings are their medians, speed-ups carry the range over the passes
+    clean_repeats: int = 3
 
 
 def tokenize(lm: LoadedModel, prompt: str) -> torch.Tensor:
@@ -134,6 +138,7 @@ def greedy(
     max_new: int,
     eos: int | None,
     on_token: Callable[[int], None] | None = None,
+    keep_cache: bool = False,
 ) -> Decoded:
     """Prefill the prompt, then greedy-decode from the cache, keeping every step's logits.
 
@@ -166,7 +171,56 @@ def greedy(
     decode_ms = now_ms(ids.device) - t0
     v = logits.shape[-1]
     stacked = torch.stack(new_logits) if new_logits else torch.empty(0, v)
-    return Decoded(prompt_hidden, new_ids, stacked, prefill_ms, decode_ms, parts.logits)
+    kept = cache if keep_cache else None
+    return Decoded(prompt_hidden, new_ids, stacked, prefill_ms, decode_ms, parts.logits, kept)
+
+
+JUDGE_CACHE_MB = 512
+"""The dense judge reuses the dense pass's KV cache (cropped to the prompt) when it is at most
+this big: the sparse continuation then costs a forward over its few tokens instead of the whole
+prompt again (a 2k-token SmolLM2 run: 94 MB kept through the sparse pass, one prefill saved).
+Longer prompts run the judge as a whole forward, so the cache is never held beside the
+sparse pass where it would matter for memory."""
+
+
+def cache_mb(cache: object) -> float:
+    """Bytes held by a KV cache's keys and values (its layers' tensors), in MiB."""
+    layers = getattr(cache, "layers", None) or []
+    total = 0
+    for layer in layers:
+        for name in ("keys", "values", "_kbuf", "_vbuf"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total / 2**20
+
+
+@torch.no_grad()
+def judge_logits(
+    parts: LMParts, ids: torch.Tensor, dense: Decoded, new_ids: list[int]
+) -> torch.Tensor:
+    """Dense next-token logits along a continuation `new_ids` of the prompt `ids`: row i is the
+    dense model's distribution for new_ids[i] given the prompt and new_ids[:i]. From the dense
+    pass's kept cache when there is one (cropped back to the prompt), else a whole forward."""
+    n = ids.shape[1]
+    if not new_ids:
+        return torch.empty(0, dense.new_logits.shape[-1])
+    cache = dense.cache
+    extra = cache.get_seq_length() - n if cache is not None else -1
+    if cache is not None and extra >= 0:
+        if extra:
+            cache.crop(-extra)  # back to the prompt (transformers 5: a negative count to remove)
+        kw = cache_kwarg(parts.body)
+        rows = [dense.new_logits[:1].float()]  # the prompt's last position: the dense pass's
+        if len(new_ids) > 1:
+            chunk = torch.tensor([new_ids[:-1]], dtype=torch.long, device=ids.device)
+            out = parts.body(chunk, use_cache=True, **{kw: cache})
+            rows.append(parts.logits(parts.hidden(out)[0]).cpu())
+        dense.cache = None  # spent: it now holds the sparse continuation
+        return torch.cat(rows)
+    seq = torch.cat([ids[0].cpu(), torch.tensor(new_ids, dtype=torch.long)])
+    hidden = parts.forward_hidden(seq[None].to(ids.device))
+    return parts.logits(hidden[n - 1 : n - 1 + len(new_ids)]).cpu()
 
 
 def _versions(device: torch.device) -> dict[str, str]:
@@ -223,7 +277,8 @@ def _run(
     eos = tok.eos_token_id
     n_layers = int(model.config.num_hidden_layers)
     passes = 2 * (1 + opts.max_new_tokens)
-    total = passes + (passes // 2 if opts.clean_timing else 0)  # clean passes: ~ a third more
+    repeats = max(1, opts.clean_repeats) if opts.clean_timing else 0
+    total = passes + (passes // 2) * repeats  # a clean pass: ~ a third of the recorded ones
 
     def report(done: float, msg: str) -> None:
         if progress is not None:
@@ -232,8 +287,15 @@ def _run(
     report(0, "dense prefill")
     model.set_attn_implementation("sdpa")
     dense = greedy(
-        model, ids, opts.max_new_tokens, eos, lambda i: report(1 + i, f"dense token {i}")
+        model,
+        ids,
+        opts.max_new_tokens,
+        eos,
+        lambda i: report(1 + i, f"dense token {i}"),
+        keep_cache=True,
     )
+    if dense.cache is not None and cache_mb(dense.cache) > JUDGE_CACHE_MB:
+        dense.cache = None  # a long prompt: the judge runs whole, memory stays as it was
 
     recorder = Recorder(opts.recorder) if opts.record else None
 
@@ -252,10 +314,8 @@ def _run(
     report(passes, "comparing")
     parts = LMParts.of(model)
     seq = torch.cat([ids[0].cpu(), torch.tensor(sparse.new_ids, dtype=torch.long)])
-    with torch.no_grad():
-        judge_hidden = parts.forward_hidden(seq[None].to(lm.device))
-        judge = parts.logits(judge_hidden[n - 1 : n - 1 + len(sparse.new_ids)]).cpu()
-    del judge_hidden
+    judge = judge_logits(parts, ids, dense, sparse.new_ids)
+    dense.cache = None
     gen_kl = kl_per_position(judge, sparse.new_logits)
     sparse_by_dense = token_logprobs(judge, seq[n:])
 
@@ -287,9 +347,16 @@ def _run(
         dense_decode_ms_per_token=dense.decode_ms / max(len(dense.new_ids) - 1, 1),
         sparse_decode_ms_per_token=sparse.decode_ms / max(len(sparse.new_ids) - 1, 1),
     )
-    if opts.clean_timing:
-        report(passes, "timing a clean pass")
-    timings.update(_clean_timings(lm, ids, cfg, opts, timings))
+    timings.update(
+        _clean_timings(
+            lm,
+            ids,
+            cfg,
+            opts,
+            timings,
+            lambda i: report(passes + (passes // 2) * i, f"timing clean pass {i + 1}/{repeats}"),
+        )
+    )
     if recorder is not None:
         dense_attn = [
             r.t_dense_ms
@@ -320,17 +387,79 @@ def _run(
 
 
 def _clean_timings(
-    lm: LoadedModel, ids: torch.Tensor, cfg: SketchWalkConfig, opts: RunOptions, timings: dict
+    lm: LoadedModel,
+    ids: torch.Tensor,
+    cfg: SketchWalkConfig,
+    opts: RunOptions,
+    timings: dict,
+    on_pass: Callable[[int], None] | None = None,
 ) -> dict[str, float]:
-    """Clean-pass timings beside the recorded ones (RunOptions.clean_timing), else nothing."""
+    """Clean-pass timings beside the recorded ones (RunOptions.clean_timing), else nothing.
+
+    `clean_repeats` clean prefills (dense and sparse each; the first pass also decodes every new
+    token): each `clean_*` key is its median over the passes that measured it. The speed-ups
+    carry their spread, so a verdict can tell a speed-up from the noise of a busy machine:
+    prefill, the median and range of the passes' dense/sparse ratios; decode, the median and
+    middle half of the per-token ratios (token i of the dense pass over token i of the sparse
+    one: the same cache length), so decode needs no second pass.
+    """
     if not opts.clean_timing:
         return {}
     from .timing import clean_timings, recording_overhead
 
-    out = clean_timings(lm.model, ids, cfg, opts.max_new_tokens, opts.kernel_backend)
+    runs, steps = [], {}
+    for i in range(max(1, opts.clean_repeats)):
+        if on_pass is not None:
+            on_pass(i)
+        new = opts.max_new_tokens if i == 0 else 0
+        runs.append(
+            clean_timings(
+                lm.model, ids, cfg, new, opts.kernel_backend, steps=steps if i == 0 else None
+            )
+        )
+    out = median_timings(runs)
+    out.update(decode_spread(steps.get("dense", []), steps.get("sparse", [])))
     if opts.record:  # a run without the recorder has no recording overhead to report
         out.update(recording_overhead({**timings, **out}))
     return out
+
+
+def median_timings(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each key's median over the passes that have it, and the prefill speed-up's median and
+    range over the passes' dense/sparse ratios (`clean_prefill_speedup`, `_lo`, `_hi`)."""
+    keys = sorted(set().union(*runs)) if runs else []
+    out = {k: statistics.median(r[k] for r in runs if k in r) for k in keys}
+    out["clean_repeats"] = len(runs)
+    dense_key, sparse_key = "clean_dense_prefill_ms", "clean_sparse_prefill_ms"
+    ratios = [
+        r[dense_key] / r[sparse_key]
+        for r in runs
+        if r.get(dense_key) and r.get(sparse_key) and r[sparse_key] > 0
+    ]
+    if ratios:
+        out["clean_prefill_speedup"] = statistics.median(ratios)
+        out["clean_prefill_speedup_lo"] = min(ratios)
+        out["clean_prefill_speedup_hi"] = max(ratios)
+    return out
+
+
+def decode_spread(dense_ms: list[float], sparse_ms: list[float]) -> dict[str, float]:
+    """The decode speed-up from per-token times: the median of token i's dense/sparse ratios and
+    their middle half (25th to 75th percentile), over the tokens both passes decoded."""
+    ratios = [d / s for d, s in zip(dense_ms, sparse_ms, strict=False) if d > 0 and s > 0]
+    if not ratios:
+        return {}
+    if len(ratios) == 1:
+        lo = hi = ratios[0]
+    else:
+        q = statistics.quantiles(ratios, n=4, method="inclusive")
+        lo, hi = q[0], q[2]
+    return {
+        "clean_decode_speedup": statistics.median(ratios),
+        "clean_decode_speedup_lo": lo,
+        "clean_decode_speedup_hi": hi,
+        "clean_decode_tokens": len(ratios),
+    }
 
 
 def _token_records(
@@ -361,3 +490,31 @@ def _token_records(
         for i, t in enumerate(dec.new_ids):
             out.append(TokenRecord(variant, n + i, t, tok.decode([t]), lps[i], kls[i]))
     return out
+
+
+@torch.no_grad()
+def probe_queries(
+    lm: LoadedModel,
+    prompt: str,
+    cfg: SketchWalkConfig,
+    positions: list[int],
+    top_k: int = 8,
+    kernel_backend: str | None = None,
+) -> list[QueryLayer]:
+    """The drill-down of a few prompt tokens, computed on demand: the run's sparse prefill again
+    (same prompt, config and model, so the same selection), with a QueryProbe reading each
+    layer's attention rows of those positions. Memory: heads x keys per position and layer."""
+    ids = tokenize(lm, prompt)
+    n = ids.shape[1]
+    bad = [p for p in positions if not 0 <= int(p) < n]
+    if bad:
+        raise PromptError(f"position {bad[0]} is not in the prompt (0 to {n - 1})")
+    probe = QueryProbe(sorted({int(p) for p in positions}), top_k)
+    model = lm.model
+    model.set_attn_implementation(NAME)
+    try:
+        with sketch_walk_session(cfg, probe, None, kernel_backend):
+            LMParts.of(model).body(ids, use_cache=False)
+    finally:
+        model.set_attn_implementation("sdpa")
+    return probe.layers

@@ -156,14 +156,18 @@ def clean_timings(
     cfg: SketchWalkConfig,
     new_tokens: int,
     backend: str | None = None,
+    steps: dict[str, list[float]] | None = None,
 ) -> dict[str, float]:
     """One clean dense pass and one clean sparse pass (no recorder): the `clean_*` timing keys.
 
     Whole model and attention alone, prefill (ms) and decode (ms per token); one pass each, so
-    as noisy as the run itself (`sketchwalk bench model` repeats and takes medians).
+    as noisy as the run itself (`sketchwalk bench model` repeats and takes medians). `steps`,
+    when given, receives each variant's per-token decode times ("dense", "sparse").
     """
     dense = run_variant(model, ids, new_tokens, None, False)
     sparse = run_variant(model, ids, new_tokens, cfg, False, backend)
+    if steps is not None:
+        steps.update(dense=list(dense.decode_ms), sparse=list(sparse.decode_ms))
     out = {
         "clean_dense_prefill_ms": dense.prefill_ms,
         "clean_sparse_prefill_ms": sparse.prefill_ms,

@@ -10,6 +10,7 @@ and each block's rank among the scores the selection used (walk scores; 1 = top)
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,6 +18,15 @@ import numpy as np
 import pandas as pd
 
 from sketchwalk.errors import SketchWalkError
+
+PASS_KEY = re.compile(r"The pass key is (\d{5})\. Remember it\.")
+"""The needle sentence of a pass-key prompt (the app's samples and eval/retrieval.py alike)."""
+
+
+def pass_key(prompt: str) -> str | None:
+    """The key a pass-key prompt hides (what Explore follows and the verdict checks), else None."""
+    m = PASS_KEY.search(prompt or "")
+    return m.group(1) if m else None
 
 
 class NeedleNotFound(SketchWalkError):

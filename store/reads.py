@@ -61,6 +61,30 @@ class ReadsMixin:
             )
             return [r[0] for r in rows]
 
+    def resolve_run_id(self, prefix: str) -> str:
+        """The one run whose id starts with `prefix` (the app shows 8 characters), else a
+        one-line UnknownRunError: none, or several (naming a few)."""
+        text = str(prefix).strip().lower()
+        if not text or any(c not in "0123456789abcdef-" for c in text):
+            raise UnknownRunError(f"{prefix!r} is not a run id or the start of one")
+        r = schema.runs
+        with self._connect() as conn:
+            found = [
+                row[0]
+                for row in conn.execute(
+                    sa.select(r.c.id).where(r.c.id.like(f"{text}%")).order_by(r.c.id).limit(4)
+                )
+            ]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise UnknownRunError(f"no run id starts with {text!r} (see `sketchwalk runs`)")
+        shown = ", ".join(f[: len(text) + 4] for f in found[:3])
+        raise UnknownRunError(
+            f"{text!r} matches several runs ({shown}{', ...' if len(found) > 3 else ''}); "
+            "give more characters"
+        )
+
     def list_runs(
         self,
         status: str | None = None,

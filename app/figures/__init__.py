@@ -1,12 +1,13 @@
 """Pure functions from store data (numpy arrays, DataFrames) to plotly figures, one module per
 kind of chart: common (labels, palettes), heatmaps, masks, curves, depth, tokens, speed, preview,
-needle, diff, tiles, layer_data.
+needle, diff, drill (a bad token's cause), tiles, layer_data.
 
 No Streamlit here, so every figure is unit-tested on plain inputs. Pages import the package and
 call `figures.<name>`; the names below stay importable from here.
 """
 
 from sketchwalk.app.figures.common import (
+    HOUSE_COLOURWAY,
     LOG_FLOOR,
     MATRIX_TITLES,
     OKABE_ITO,
@@ -17,6 +18,12 @@ from sketchwalk.app.figures.common import (
 from sketchwalk.app.figures.curves import CURVES, layer_curves
 from sketchwalk.app.figures.depth import depth_figures, depth_matrices
 from sketchwalk.app.figures.diff import MaskDiff, diff_curves, diff_figure, mask_diff
+from sketchwalk.app.figures.drill import (
+    dropped_figure,
+    dropped_table,
+    outline_row,
+    top_sources_figure,
+)
 from sketchwalk.app.figures.heatmaps import (
     data_figures,
     heatmap_figure,
@@ -47,10 +54,17 @@ from sketchwalk.app.figures.speed import (
     sweep_figure,
 )
 from sketchwalk.app.figures.tiles import MAX_SIDE, View, aggregate, plan_view, view_labels
-from sketchwalk.app.figures.tokens import decode_figure, kl_strip, token_table
+from sketchwalk.app.figures.tokens import (
+    decode_figure,
+    kl_strip,
+    token_choice_labels,
+    token_table,
+    worst_tokens,
+)
 
 __all__ = [
     "CURVES",
+    "HOUSE_COLOURWAY",
     "LayerData",
     "LOG_FLOOR",
     "MAX_SIDE",
@@ -69,6 +83,8 @@ __all__ = [
     "depth_matrices",
     "diff_curves",
     "diff_figure",
+    "dropped_figure",
+    "dropped_table",
     "escape_text",
     "find_misses",
     "heatmap_figure",
@@ -86,6 +102,7 @@ __all__ = [
     "method_scores",
     "needle_strip",
     "outline_blocks",
+    "outline_row",
     "overall_speedup",
     "plan_view",
     "preview_selection",
@@ -93,6 +110,9 @@ __all__ = [
     "speedups",
     "stage_figure",
     "sweep_figure",
+    "token_choice_labels",
     "token_table",
+    "top_sources_figure",
     "view_labels",
+    "worst_tokens",
 ]

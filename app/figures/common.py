@@ -24,6 +24,8 @@ OKABE_ITO = {
     "yellow": "#F0E442",
     "grey": "#BBBBBB",
 }
+HOUSE_COLOURWAY = [OKABE_ITO[c] for c in ("blue", "vermillion", "green", "orange", "sky", "purple")]
+"""Trace colours in order for charts whose traces name no colour (the eval's quality panels)."""
 LOG_FLOOR = 1e-6
 MATRIX_TITLES = {
     "sketch": "Sketch estimate A_l",

@@ -105,3 +105,23 @@ def kl_strip(tokens: pd.DataFrame, prompt_tokens: int, title: str = "Per-token K
         bargap=0,
     )
     return fig
+
+
+def worst_tokens(tokens: pd.DataFrame, prompt_tokens: int, k: int = 10) -> pd.DataFrame:
+    """The k prompt tokens with the highest KL(dense || sparse), highest first (the drill-down
+    explains prompt tokens: their sparse prefill row is what a re-run can read)."""
+    s = tokens[(tokens["variant"] == "sparse") & (tokens["position"] < prompt_tokens)]
+    s = s.dropna(subset=["kl"])
+    return s.sort_values("kl", ascending=False, kind="stable").head(k).reset_index(drop=True)
+
+
+def token_choice_labels(tokens: pd.DataFrame, positions: Sequence[int]) -> dict[int, str]:
+    """'t123 «text» · KL 0.53' per position (escaped: option labels render as text only)."""
+    s = tokens[tokens["variant"] == "sparse"].set_index("position")
+    out = {}
+    for p in positions:
+        if p in s.index:
+            kl = s["kl"].get(p)
+            kl_text = "" if kl is None or np.isnan(kl) else f" · KL {kl:.3g}"
+            out[int(p)] = f"t{int(p)} «{escape_text(s['text'][p], 24)}»{kl_text}"
+    return out

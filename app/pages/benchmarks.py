@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 import streamlit as st
 
 from sketchwalk import settings
-from sketchwalk.app import widgets
+from sketchwalk.app import figures, widgets
+from sketchwalk.app.verdict import FAR_ABS, FAR_RATIO, density_floor
 from sketchwalk.eval import job as eval_job
 from sketchwalk.eval import report as eval_report
 from sketchwalk.eval.frontier import distance_to_oracle, variant_label
@@ -26,6 +27,53 @@ from sketchwalk.store.schema import eval_results as eval_table
 
 CELL = ["model_id", "task", "source", "length", "method", "density_target", "variant"]
 LATEST = "Latest per cell"
+HEADERS = {  # shown headers; the frames keep their column names (the CLI's and Parquet's)
+    "model_id": "Model",
+    "task": "Task",
+    "source": "Source",
+    "length": "Length",
+    "variant": "Variant",
+    "method": "Method",
+    "density_target": "Target density",
+    "density_achieved": "Achieved density",
+    "density_decode": "Decode density",
+    "n_items": "Items",
+    "ppl_dense": "Perplexity, dense",
+    "ppl_sparse": "Perplexity, sparse",
+    "ppl_increase_pct": "Perplexity +%",
+    "kl_mean": "KL",
+    "kl_oracle": "KL, oracle",
+    "kl_gap": "KL gap",
+    "ppl_gap_pct": "Perplexity gap %",
+    "top1_agreement": "Top-1",
+    "acc_dense": "Accuracy, dense",
+    "acc_sparse": "Accuracy, sparse",
+    "selection_share": "Selection share",
+    "eval_id": "Eval",
+}
+
+
+def headed(df: pd.DataFrame) -> dict:
+    """Column labels in words for st.dataframe (the data keeps its names)."""
+    return {k: st.column_config.Column(v) for k, v in HEADERS.items() if k in df.columns}
+
+
+def off_target(rows: list[dict]) -> list[str]:
+    """One line per cell whose achieved density is far from its target, saying why."""
+    out = []
+    for r in rows:
+        target, got = r.get("density_target"), r.get("density_achieved")
+        if not isinstance(got, int | float) or not isinstance(target, int | float):
+            continue
+        if got <= target * FAR_RATIO or got - target <= FAR_ABS:
+            continue
+        floor = density_floor(r.get("config") or {}, int(r.get("length") or 0))
+        why = f"the forced blocks alone keep {floor:.2f} at this length" if floor else ""
+        out.append(
+            f"{r['method']} at target {target:g} ({r['task']}, {r['length']} tokens) ran at "
+            f"{got:.2f}" + (f": {why}" if why else "")
+        )
+    return out
 
 
 def latest_per_cell(df: pd.DataFrame) -> pd.DataFrame:
@@ -96,9 +144,15 @@ EVAL_JOB = "bm_eval_job"
 
 
 def _eval_job_panel() -> None:
-    """The queued eval's progress; one full rerun when it ends, so its rows show."""
+    """The queued eval's progress; one full rerun when it ends, so its rows show, and then a
+    "done" line that stays (outside the expander, which closes once there are rows)."""
     job = store.get_job(st.session_state[EVAL_JOB])
-    widgets.show_job(job)
+    if job.status == "done":
+        secs = widgets.elapsed(job)
+        took = f" in {secs:.0f} s" if secs is not None else ""
+        st.success(f"Eval job {job.id[:8]} done{took}: its rows are in the charts and table below.")
+    else:
+        widgets.show_job(job)
     active = job.status in ("queued", "running")
     if not active and st.session_state.get("bm__was_active"):
         st.session_state["bm__was_active"] = False
@@ -121,10 +175,10 @@ with st.expander("Queue a small eval", expanded=results.empty):
         worker = widgets.ensure_worker()
         if worker is not None:
             worker.wake()
-    if EVAL_JOB in st.session_state:
-        job_now = store.get_job(st.session_state[EVAL_JOB])
-        polling = job_now.status in ("queued", "running")
-        st.fragment(_eval_job_panel, run_every=settings.load().poll_s if polling else None)()
+if EVAL_JOB in st.session_state:
+    job_now = store.get_job(st.session_state[EVAL_JOB])
+    polling = job_now.status in ("queued", "running")
+    st.fragment(_eval_job_panel, run_every=settings.load().poll_s if polling else None)()
 
 if results.empty:
     st.info(
@@ -179,7 +233,14 @@ for (task, source, length), d in reach.items():
     )
 
 for i, fig in enumerate(eval_report.figures(rows, x=x_axis)):
+    fig.update_layout(colorway=figures.HOUSE_COLOURWAY)  # the house palette (colour-blind safe)
     st.plotly_chart(fig, key=f"bm_fig_{i}")
+far = off_target(rows)
+if far:
+    st.warning(
+        "Achieved density far from its target, so these cells compare other densities than "
+        "their labels say: " + "; ".join(far) + ". Longer prompts or smaller blocks reach them."
+    )
 
 gaps = oracle_gaps(rows)
 if not gaps.empty and (gaps["method"] != "oracle").any():
@@ -194,13 +255,14 @@ if not gaps.empty and (gaps["method"] != "oracle").any():
         "there). One pass each, so as noisy as the machine; empty for cells stored before it "
         "was kept. `sketchwalk frontier` fills these cells."
     )
-    st.dataframe(gaps, hide_index=True, key="bm_frontier")
+    st.dataframe(gaps, hide_index=True, key="bm_frontier", column_config=headed(gaps))
 
 st.subheader("Table")
-st.dataframe(table(view), hide_index=True, key="bm_table")
+shown = table(view)
+st.dataframe(shown, hide_index=True, key="bm_table", column_config=headed(shown))
 st.caption(
-    "dppl% = perplexity increase over dense; KL = mean KL(dense || sparse) per token; top-1 = "
-    "agreement of greedy next tokens; acc = exact-match retrieval accuracy after greedy "
+    "Perplexity +% = perplexity increase over dense; KL = mean KL(dense || sparse) per token; "
+    "Top-1 = agreement of greedy next tokens; Accuracy = exact-match retrieval accuracy after greedy "
     "decoding (dense and sparse, with sparse prefill and decode when the phase is both)."
 )
 st.download_button(

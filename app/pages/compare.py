@@ -8,6 +8,8 @@ import pandas as pd
 import streamlit as st
 
 from sketchwalk.app import figures, widgets
+from sketchwalk.errors import SketchWalkError
+from sketchwalk.text import plain_markdown
 
 store = widgets.setup("Compare")
 url = widgets.db_url()
@@ -26,15 +28,14 @@ def _fmt(x, spec: str = ".4f") -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-m = st.columns(5)
+m = st.columns(3)
 m[0].metric("Top-1 agreement (prompt)", _fmt(metrics.get("top1_agreement"), ".3f"))
 m[1].metric("KL dense‖sparse (prompt)", _fmt(metrics.get("kl_mean")))
-m[2].metric(
-    "Perplexity dense → sparse",
-    f"{_fmt(metrics.get('ppl_dense'), '.2f')} → {_fmt(metrics.get('ppl_sparse'), '.2f')}",
-)
-m[3].metric("KL of generation", _fmt(metrics.get("gen_kl_mean")))
-m[4].metric("Common prefix (tokens)", _fmt(metrics.get("gen_common_prefix"), ".0f"))
+m[2].metric("KL of generation", _fmt(metrics.get("gen_kl_mean")))
+m = st.columns(3)
+m[0].metric("Perplexity, dense", _fmt(metrics.get("ppl_dense"), ".2f"))
+m[1].metric("Perplexity, sparse", _fmt(metrics.get("ppl_sparse"), ".2f"))
+m[2].metric("Common prefix (tokens)", _fmt(metrics.get("gen_common_prefix"), ".0f"))
 
 other_ids = [i for i in runs["id"] if i != run_id]
 labels = {r["id"]: widgets.run_label(r) for _, r in runs.iterrows()}
@@ -100,4 +101,90 @@ def _highlight(row: pd.Series) -> list[str]:
 
 
 st.dataframe(table.style.apply(_highlight, axis=1), hide_index=True, key="cmp_table")
-st.plotly_chart(figures.kl_strip(toks, n), key="cmp_kl")
+if len(toks) and int(toks["position"].max()) >= n and left_title == "Dense":
+    gen = toks[toks["position"] >= n]
+    for variant, name in (("dense", "dense"), ("sparse", "sparse")):
+        ids = gen[gen["variant"] == variant]
+        if len(ids) < int((run.get("request") or {}).get("max_new_tokens", 0) or 0):
+            st.caption(
+                f"The {name} generation stopped after {len(ids)} tokens: the model wrote its "
+                "end-of-text token."
+            )
+
+# ---- from a bad token to its cause ---------------------------------------------------------
+st.subheader("From a bad token to its cause")
+strip = st.plotly_chart(
+    figures.kl_strip(toks, n),
+    key="cmp_kl",
+    on_select="rerun",
+    selection_mode="points",
+)
+worst = figures.worst_tokens(toks, n)
+if worst.empty:
+    st.caption("No prompt token has a KL to explain in this run.")
+    st.stop()
+clicked = [int(p["x"]) for p in (strip.selection.points if strip else []) if "x" in p]
+explain = st.session_state.get("cmp_explained")  # (run, token) whose cause is shown
+# a click on a prompt token's bar explains it; the selection stays in the chart's state, so a
+# click counts once (a later pick in the box below must not be undone by an old click)
+if clicked and 0 < clicked[0] < n and (run_id, clicked[0]) != st.session_state.get("cmp_click"):
+    st.session_state["cmp_click"] = (run_id, clicked[0])
+    st.session_state["cmp_query"] = clicked[0]
+    explain = (run_id, clicked[0])
+choices = list(dict.fromkeys([*worst["position"], st.session_state.get("cmp_query", -1)]))
+choices = [c for c in choices if 0 < c < n]
+labels_q = figures.token_choice_labels(toks, choices)
+if st.session_state.get("cmp_query") not in choices:
+    st.session_state["cmp_query"] = choices[0]
+q1, q2 = st.columns([4, 1], vertical_alignment="bottom")
+with q1:
+    position = st.selectbox(
+        "Token to explain (the prompt tokens with the highest KL; or click a bar above)",
+        choices,
+        format_func=lambda p: labels_q.get(p, str(p)),
+        key="cmp_query",
+    )
+with q2:
+    if st.button("Explain this token", key="btn_cmp_explain"):
+        explain = (run_id, int(position))
+st.session_state["cmp_explained"] = explain
+if explain != (run_id, int(position)):
+    st.caption(
+        "Click a token's bar or press Explain: the page re-runs this run's sparse prefill to "
+        "read that token's attention (about as long as the run's own sparse prefill)."
+    )
+    st.stop()
+with st.spinner(f"Re-running this run's sparse prefill to read token t{position}'s attention…"):
+    try:
+        layers = widgets.query_layers(url, run_id, int(position))
+    except SketchWalkError as exc:
+        st.error(plain_markdown(f"Cannot re-run this run's prefill: {exc}"))
+        st.stop()
+dropped = figures.dropped_table(layers)
+st.caption(
+    "Per sparse layer and KV-head group: the exact attention mass of this token (softmax over "
+    "every key, averaged over the group's heads) that fell on key blocks its row did not keep. "
+    "Not stored with the run: computed on demand by re-running its sparse prefill with the same "
+    "prompt, config and model (memory: one row of scores per head)."
+)
+if dropped.empty:
+    st.info("Every layer of this run is dense for this token: nothing was dropped.")
+    st.stop()
+top = dropped.iloc[0]
+st.info(
+    f"Token t{position}: the most attention lost is in layer {int(top['Layer'])}, KV group "
+    f"{int(top['KV group'])}: {top['Dropped attention']:.1%} of its attention fell on blocks "
+    "that row did not keep."
+)
+d1, d2 = st.columns([3, 2])
+with d1:
+    st.plotly_chart(figures.dropped_figure(layers, int(position)), key="cmp_dropped")
+with d2:
+    st.dataframe(dropped.head(8), hide_index=True, key="cmp_dropped_table")
+    for i, r in dropped.head(3).iterrows():
+        layer_, group_ = int(r["Layer"]), int(r["KV group"])
+        if st.button(
+            f"Open layer {layer_}, group {group_} in Explore (row of t{position} outlined)",
+            key=f"btn_cmp_open_{i}",
+        ):
+            widgets.open_query_in_explore(run_id, int(position), layer_, group_)

@@ -13,6 +13,8 @@ import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from sketchwalk.app import figures, prompts, widgets
+from sketchwalk.app.verdict import FAR_ABS, FAR_RATIO
+from sketchwalk.engine.config import ConfigError, SketchWalkConfig
 from sketchwalk.engine.records import group_phase, split_phase
 from sketchwalk.engine.request import stored_time_only
 from sketchwalk.settings import load as load_settings
@@ -27,8 +29,25 @@ from sketchwalk.store.needle import (
 from sketchwalk.text import plain_markdown
 
 PLAY_INTERVAL_S = 0.8
+NO_WALK = (
+    "The walk is off in this run (walk damping 0): blocks were selected from each layer's own "
+    "sketch estimate A_l, so there are no walk scores or walk views."
+)
 PREVIEW_HINT = "The preview re-thresholds stored prefill scores of a sparse layer: pick one above."
 ALL_GROUPS = -1  # the group picker's "all groups" (None would show as an empty choice)
+
+
+def walks(config: dict, method: str | None) -> bool:
+    """Whether the run walked (beta > 0 with a method that walks): else no walk views. A config
+    stored without beta (older or hand-made runs) cannot say: what was stored is shown."""
+    if "beta" not in config:
+        return True
+    try:
+        cfg = SketchWalkConfig.from_stored({**config, "method": method or config.get("method")})
+    except (ConfigError, TypeError, ValueError):
+        return True
+    return cfg.effective_beta > 0
+
 
 store = widgets.setup("Explore")
 url = widgets.db_url()
@@ -41,6 +60,9 @@ run = widgets.run_meta(url, run_id)
 stats = widgets.layer_stats(url, run_id)
 blocks = widgets.blocks(url, run_id)
 prompt_tokens = int(run.get("prompt_tokens") or 0)
+WALKS = walks(run.get("config") or {}, run.get("method"))
+
+widgets.verdict_panel(run, stats, "ex")
 
 with st.expander("Prompt (as text)"):
     st.text(run["prompt"])
@@ -88,6 +110,13 @@ if needle_text:
                 figures.needle_strip(strip_matrix(trace.steps)),
                 key="needle_strip",
                 config={"displaylogo": False},
+            )
+            st.caption(
+                "Each cell: colour = share of the needle's blocks kept; **#rank** = the best rank "
+                "of a needle block among the row's selection scores (#1 = the block the "
+                f"{'walk' if WALKS else 'sketch estimate'} scored highest; blocks ranked below "
+                "the row's budget are dropped); the number after it = the needle's share of the "
+                "row's exact attention mass (where recorded)."
             )
 
 # ---- where: phase, step, layer ------------------------------------------------------------
@@ -165,6 +194,9 @@ def layer_panel(
     )
     data_phase = phase
     if group_ids:
+        if "ex_group_next" in st.session_state:  # from Compare's drill-down
+            wanted = st.session_state.pop("ex_group_next")
+            st.session_state["ex_group"] = wanted if wanted in group_ids else ALL_GROUPS
         g1, g2 = st.columns([3, 2])
         with g1:
             group = st.selectbox(
@@ -205,8 +237,16 @@ def layer_panel(
     url = widgets.db_url()
     data = widgets.layer_view(url, run_id, data_phase, step, int(layer), region)
     figs = figures.data_figures(data, log, palette, miss_threshold)
+    if not WALKS:
+        figs.pop("walk", None)  # the same matrix as the sketch estimate: no walk ran
+    query = st.session_state.get(widgets.QUERY_KEY)
+    query_row = None
+    if isinstance(query, dict) and query.get("run") == run_id and phase == "prefill":
+        query_row = int(query["position"]) // int(cfg.get("block_size") or 1)
     for fig in figs.values():
         figures.outline_blocks(fig, needle_blocks, n_hm, view)
+        if query_row is not None:
+            figures.outline_row(fig, query_row, n_hm, view)
     build_ms = widgets.ms(t0)
 
     m = st.columns(5)
@@ -241,6 +281,13 @@ def layer_panel(
         else ""
     )
     st.caption(f"Layer {layer} · {n_hm} blocks · data + figures {build_ms:.0f} ms{detail}")
+    got = row["density_achieved"]
+    if not row["dense"] and got == got and got > target * FAR_RATIO and got - target > FAR_ABS:
+        st.caption(
+            f":material/warning: This layer kept {got:.2f} of its causal block pairs against a "
+            f"target of {target:.2f}: the forced blocks (sink, local window) take that much at "
+            "this length (the verdict above says how much)."
+        )
     if group_ids:
         _, which = split_phase(data_phase)
         st.caption(
@@ -267,6 +314,8 @@ def layer_panel(
         st.info(
             "This layer runs dense attention (no walk, no selection); its sketch estimate is shown."
         )
+    elif not WALKS:
+        st.caption(NO_WALK)
     for i in range(0, len(order), 2):
         cols = st.columns(2)
         for col, name in zip(cols, order[i : i + 2], strict=False):
@@ -275,6 +324,8 @@ def layer_panel(
     if "exact" not in figs and not row["dense"]:
         st.caption("Exact block mass was not recorded (context longer than the recorder's limit).")
 
+    if query_row is not None:
+        query_panel(run, int(query["position"]), int(layer), query_row)
     where = (data_phase, step, int(layer))
     dense = bool(row["dense"])
     density_preview(run, where, dense, n_hm, view, region, blocks, miss_threshold, needle_blocks)
@@ -290,6 +341,38 @@ def layer_panel(
             ctx = get_script_run_ctx()  # a fragment-scoped rerun is refused during a full run
             st.rerun(scope="fragment" if ctx and ctx.fragment_ids_this_run else "app")
         st.session_state["ex_playing"] = False
+
+
+def query_panel(run: dict, position: int, layer: int, row: int) -> None:
+    """The token picked in Compare's drill-down: its row is outlined above; here its top source
+    tokens per head in this layer, computed on demand (widgets.query_layers)."""
+    run_id = run["id"]
+    url = widgets.db_url()
+    c1, c2 = st.columns([5, 1])
+    with c1:
+        st.caption(
+            f"Outlined row: query block B{row}, which holds token t{position} (picked in "
+            "Compare). Below, that token's top source tokens per head in this layer."
+        )
+    with c2:
+        if st.button("Clear the token", key="btn_ex_clear_query"):
+            st.session_state.pop(widgets.QUERY_KEY, None)
+            st.rerun()
+    with st.spinner(f"Re-running the sparse prefill to read token t{position}'s attention…"):
+        layers = widgets.query_layers(url, run_id, position)
+    ql = next((q for q in layers if q.layer == layer), None)
+    if ql is None:
+        st.caption(f"No prefill record of layer {layer} for token t{position}.")
+        return
+    toks = widgets.tokens(url, run_id)
+    texts = toks[toks["variant"] == "sparse"].sort_values("position")["text"].tolist()
+    dropped = (
+        "a dense layer: nothing dropped"
+        if ql.dense
+        else ", ".join(f"group {g}: {m:.1%}" for g, m in enumerate(ql.dropped_by_group))
+    )
+    st.caption(f"Attention of t{position} on dropped blocks in layer {layer}: {dropped}.")
+    st.plotly_chart(figures.top_sources_figure(ql, texts), key="ex_top_sources")
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
@@ -333,14 +416,18 @@ def density_preview(
     if figures.method_scores(hm, run.get("method") or cfg.get("method", "sketchwalk")) is None:
         st.caption(PREVIEW_HINT)
         return
+    start = min(1.0, max(0.01, round(figures.layer_target(cfg, run.get("metrics"), layer), 2)))
+    if st.session_state.get("ex_preview_for") != (run_id, data_phase, layer):
+        # another run or layer: start from its target, not the last slider position
+        st.session_state["ex_preview_for"] = (run_id, data_phase, layer)
+        st.session_state["ex_preview_density"] = start
     p1, p2 = st.columns([3, 1])
     with p1:
         rho = st.slider(
             "What would be kept at this density?",
             0.01,
             1.0,
-            min(1.0, max(0.01, round(figures.layer_target(cfg, run.get("metrics"), layer), 2))),
-            0.01,
+            step=0.01,
             key="ex_preview_density",
         )
     kept = _preview(url, run_id, layer, float(rho))
@@ -381,14 +468,16 @@ def more_views(
     """Per-layer curves, the depth view of the walk, or the decode tokens of this layer."""
     url, run_id, cfg = widgets.db_url(), run["id"], run.get("config") or {}
     prompt_tokens = int(run.get("prompt_tokens") or 0)
-    view = st.radio(
-        "More",
-        ["Per-layer curves", "Depth view (the walk)", "Decode tokens"],
-        horizontal=True,
-        key="ex_view",
-    )
+    options = ["Per-layer curves", "Depth view (the walk)", "Decode tokens"]
+    if not WALKS:
+        options.remove("Depth view (the walk)")
+        if st.session_state.get("ex_view") not in options:
+            st.session_state["ex_view"] = options[0]
+    view = st.radio("More", options, horizontal=True, key="ex_view")
     if view == "Per-layer curves":
         cur = stats[(stats["phase"] == phase) & (stats["step"] == step)]
+        if not WALKS:
+            cur = cur.drop(columns=["walk_error"], errors="ignore")
         metrics = run.get("metrics") or {}
         targets = (
             {
@@ -428,6 +517,12 @@ def more_views(
         else:
             figures.outline_blocks(fig, needle_blocks, int(np.max(rows["n_blocks"])))
             st.plotly_chart(fig, key="decode")
+            asked = int((run.get("request") or {}).get("max_new_tokens", 0) or 0)
+            if len(gen) < asked:
+                st.caption(
+                    f"The sparse model wrote its end-of-text token after {len(gen)} of the "
+                    f"{asked} new tokens asked for, so the strip ends there."
+                )
 
 
 layer_panel(

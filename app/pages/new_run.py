@@ -6,6 +6,7 @@ import streamlit as st
 
 from sketchwalk import access, settings
 from sketchwalk.app import knob_widgets, prompts, widgets
+from sketchwalk.app.verdict import FAR_ABS, FAR_RATIO, density_floor
 from sketchwalk.engine.config import PRESETS, ConfigError, presets_help
 from sketchwalk.engine.request import Limits, RequestError, RunRequest
 from sketchwalk.errors import SketchWalkError
@@ -40,7 +41,9 @@ st.selectbox(
     on_change=_load_sample,
     help="Bundled texts: a license (prose), a code file, synthetic pass-key retrieval prompts.",
 )
-prompt = st.text_area("Prompt", key="nr_prompt", height=220, max_chars=limits.max_prompt_chars)
+# no max_chars on the widget: the browser would cut a longer paste silently; it is refused below
+prompt = st.text_area("Prompt", key="nr_prompt", height=220)
+too_long = len(prompt) > limits.max_prompt_chars
 
 left, right = st.columns([2, 1])
 policy = access.load()
@@ -66,15 +69,23 @@ errors: list[str] = []
 notes: list[str] = []
 info = None
 try:
-    info = widgets.model_info(model_id or "smollm2")
+    info = widgets.model_info(model_id or "smollm2", check=not policy.restricted)
 except SketchWalkError as exc:
     errors.append(str(exc))
 
 n_tokens = None
-if info is not None:
+if too_long:  # refused before tokenizing (a huge paste would take seconds to count)
+    errors.append(
+        f"The prompt has {len(prompt):,} characters; the limit is {limits.max_prompt_chars:,}. "
+        "Nothing was cut: shorten it or use `sketchwalk run --prompt-file` for longer texts."
+    )
+elif info is not None:
     n_tokens = widgets.count_tokens(info, prompt) if prompt else 0
     limit = min(info.max_context, limits.max_prompt_tokens)
-    st.caption(f"{n_tokens} tokens · limit {limit} tokens for {widgets.short_model(info.model_id)}")
+    st.caption(
+        f"{n_tokens} tokens · limit {limit} tokens for {widgets.short_model(info.model_id)} · "
+        f"{len(prompt):,} of at most {limits.max_prompt_chars:,} characters"
+    )
 
 values = knob_widgets.render("basic", columns=3)
 t1, t2 = st.columns(2)
@@ -140,6 +151,16 @@ for message in errors:
     st.error(plain_markdown(message))
 for message in notes:
     st.info(message)
+if not errors and not notes and cfg is not None and n_tokens and cfg.method != "dense":
+    floor = density_floor(cfg.to_dict(), n_tokens)  # the engine's forced blocks at this length
+    if floor is not None and floor > cfg.density * FAR_RATIO and floor - cfg.density > FAR_ABS:
+        st.warning(
+            f"At {n_tokens} tokens the forced blocks alone (sink, local window, diagonal) keep "
+            f"{floor:.2f} of the causal block pairs, so this run cannot get near the target "
+            f"density {cfg.density:g}: it will run at {floor:.2f} or more. A longer prompt or "
+            "smaller blocks let the density reach the target.",
+            icon="⚠️",
+        )
 
 if st.button("Run", type="primary", disabled=bool(errors or notes), key="btn_run"):
     request = make_request(
@@ -163,9 +184,15 @@ def _active(jobs) -> bool:
 def _jobs_panel() -> None:
     jobs = [store.get_job(j) for j in reversed(my_jobs)]
     queued = [j.id for j in reversed(store.list_jobs("queued"))]  # oldest first
+    newest_done = next((j.id for j in jobs if j.status == "done" and j.run_id), None)
     for job in jobs[:5]:
         pos = queued.index(job.id) if job.id in queued else None
         widgets.show_job(job, pos)
+        if job.id == newest_done:  # the run summary: its verdict, where Run leads
+            url = widgets.db_url()
+            widgets.verdict_panel(
+                widgets.run_meta(url, job.run_id), widgets.layer_stats(url, job.run_id), "nr"
+            )
         if (
             job.status == "done"
             and job.run_id

@@ -20,17 +20,17 @@ def _table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "id": runs["id"],
-            "created": runs["created_at"],
-            "status": runs["status"],
-            "method": runs["method"],
-            "model": runs["model_id"].map(widgets.short_model),
-            "tokens": runs["prompt_tokens"],
-            "target density": cfg.map(lambda c: c.get("density")),
-            "achieved density": met.map(lambda m: m.get("density_achieved")),
+            "Created": runs["created_at"],
+            "Status": runs["status"],
+            "Method": runs["method"],
+            "Model": runs["model_id"].map(widgets.short_model),
+            "Tokens": runs["prompt_tokens"],
+            "Target density": cfg.map(lambda c: c.get("density")),
+            "Achieved density": met.map(lambda m: m.get("density_achieved")),
             "KL": met.map(lambda m: m.get("kl_mean")),
-            "top-1": met.map(lambda m: m.get("top1_agreement")),
-            "prompt": runs["prompt"].map(lambda p: p[:80]),
-            "error": runs["error"],
+            "Top-1": met.map(lambda m: m.get("top1_agreement")),
+            "Prompt": runs["prompt"].map(lambda p: p[:80]),
+            "Error": runs["error"],
         }
     )
 
@@ -46,18 +46,22 @@ with f3:
 
 view = _table(runs) if len(runs) else _table(runs.head(0))
 if status:
-    view = view[view["status"].isin(status)]
+    view = view[view["Status"].isin(status)]
 if method:
-    view = view[view["method"].isin(method)]
+    view = view[view["Method"].isin(method)]
 if text:
     view = view[runs.loc[view.index, "prompt"].str.contains(text, case=False, regex=False)]
-st.caption(f"{len(view)} of {len(runs)} runs; click a column header to sort.")
+st.caption(f"{len(view)} of {widgets.plural(len(runs), 'run')}; click a column header to sort.")
 st.dataframe(view, hide_index=True, key="runs_table")
 
 labels = {r["id"]: widgets.run_label(r) for _, r in runs.iterrows()}
 picked = st.multiselect(
     "Selected runs", list(view["id"]), format_func=lambda i: labels.get(i, i), key="runs_picked"
 )
+if st.session_state.get("runs_confirm_for") != tuple(picked):
+    # a confirmation is for the runs it was given for: another selection asks again
+    st.session_state["runs_confirm_for"] = tuple(picked)
+    st.session_state["runs_confirm"] = False
 if st.button(
     "Diff the masks of the two selected runs", disabled=len(picked) != 2, key="btn_runs_diff"
 ):
@@ -66,7 +70,8 @@ if st.button(
 c1, c2 = st.columns(2)
 with c1:
     st.download_button(
-        f"Export {len(picked) or 'all shown'} runs (Parquet zip)",
+        f"Export {widgets.plural(len(picked), 'run') if picked else 'all shown runs'} "
+        "(Parquet zip)",
         data=lambda ids=tuple(picked or view["id"]): store.export_zip(list(ids)),
         file_name="sketchwalk-runs.zip",
         mime="application/zip",
@@ -78,7 +83,9 @@ with c2:
     can_delete = access.load().allow_delete  # a shared deployment may switch deleting off
     confirm = can_delete and st.checkbox("Yes, delete the selected runs", key="runs_confirm")
     if can_delete and st.button(
-        f"Delete {len(picked)} runs", disabled=not (picked and confirm), key="btn_delete"
+        f"Delete {widgets.plural(len(picked), 'run')}",
+        disabled=not (picked and confirm),
+        key="btn_delete",
     ):
         for rid in picked:
             store.delete_run(rid)
@@ -86,6 +93,7 @@ with c2:
         st.session_state.pop(widgets.RUN_KEY, None)
         st.session_state.pop("runs_picked", None)
         st.session_state.pop("runs_confirm", None)
+        st.session_state.pop("runs_confirm_for", None)
         st.rerun()
 
 can_import = access.load().allow_import  # a shared deployment may switch importing off
@@ -99,7 +107,7 @@ if can_import and upload and st.button("Import", key="btn_import"):
     try:
         ids = store.import_parquet(upload.getvalue(), skip_existing=skip)
         widgets.clear_caches()
-        st.success(f"Imported {len(ids)} runs.")
+        st.success(f"Imported {widgets.plural(len(ids), 'run')}.")
     except SketchWalkError as exc:
         st.error(plain_markdown(f"Import failed: {exc}"))
 
@@ -109,13 +117,13 @@ if jobs:
     st.dataframe(
         pd.DataFrame(
             {
-                "job": [j.id[:8] for j in jobs],
-                "status": [j.status for j in jobs],
-                "progress": [j.progress for j in jobs],
-                "message": [j.message for j in jobs],
-                "run": [(j.run_id or "")[:8] for j in jobs],
-                "error": [j.error for j in jobs],
-                "created": [j.created_at for j in jobs],
+                "Job": [j.id[:8] for j in jobs],
+                "Status": [j.status for j in jobs],
+                "Progress": [j.progress for j in jobs],
+                "Message": [j.message for j in jobs],
+                "Run": [(j.run_id or "")[:8] for j in jobs],
+                "Error": [j.error for j in jobs],
+                "Created": [j.created_at for j in jobs],
             }
         ),
         hide_index=True,

@@ -13,6 +13,16 @@ from sketchwalk.engine.request import stored_time_only
 from sketchwalk.text import plain_markdown
 
 SWEEP_DENSITIES = (0.05, 0.1, 0.2, 0.3, 0.5)
+POINT_HEADERS = {
+    "run": "Run",
+    "target": "Target density",
+    "density": "Achieved density",
+    "speedup": "Attention speed-up (recorded) ×",
+    "clean_speedup": "Clean prefill speed-up ×",
+    "ceiling": "Ceiling ×",
+    "kl": "KL",
+    "top1": "Top-1",
+}
 
 store = widgets.setup("Speed")
 url = widgets.db_url()
@@ -52,13 +62,21 @@ def _pair_metric(col, pair: speed.Pair, suffix: str = "") -> None:
 st.subheader("Clean pass (no recording): dense ÷ sparse time")
 clean = speed.clean_pairs(timings)
 if clean:
-    for col, pair in zip(st.columns(len(clean)), clean, strict=True):
-        _pair_metric(col, pair)
+    for i in range(0, len(clean), 2):  # two a row: "dense 1234 ms → sparse 987 ms" fits at 1400 px
+        for col, pair in zip(st.columns(2), clean[i : i + 2], strict=False):
+            _pair_metric(col, pair)
     st.caption(
         "What your own code would see: one dense and one sparse pass with no recorder, "
         "last-token logits only. Attention alone compares the dense model's attention with "
-        "the sparse path's whole cost (sketch, walk and select included), all layers. One pass "
-        "each, so expect noise; `sketchwalk bench model` repeats and takes medians."
+        "the sparse path's whole cost (sketch, walk and select included), all layers. "
+        + (
+            f"Prefill: medians of {int(timings['clean_repeats'])} clean passes; decode: the "
+            "first pass's mean per token (the verdict on Explore gives both spreads); "
+            "`sketchwalk bench model` repeats more."
+            if timings.get("clean_repeats", 1) > 1
+            else "One pass each, so expect noise; `sketchwalk bench model` repeats and takes "
+            "medians."
+        )
     )
     density = speed.ceiling_density(
         (run.get("metrics") or {}).get("density_achieved"), (run.get("config") or {}).get("density")
@@ -83,7 +101,11 @@ own = "Time-only pass (no recorder)" if time_only else "Recorded pass"
 st.subheader(own)
 own_pairs = speed.run_pairs(timings)
 overhead = speed.recording_overhead(timings)
-cols = st.columns(len(own_pairs) + (not pre.empty) + (len(overhead) > 0))
+cols = [
+    c
+    for _ in range(2)  # two a row, as above
+    for c in st.columns(2)
+][: len(own_pairs) + (not pre.empty) + (len(overhead) > 0)]
 for col, pair in zip(cols, own_pairs, strict=False):
     _pair_metric(col, pair, ", time-only pass" if time_only else ", recorded")
 if not pre.empty:
@@ -159,7 +181,8 @@ def sweep_points(runs: pd.DataFrame, run: dict) -> pd.DataFrame:
                 "target": (r["config"] or {}).get("density"),
                 "density": met.get("density_achieved"),
                 "speedup": figures.overall_speedup(st_) if not st_.empty else None,
-                "clean_speedup": clean_[0].ratio if clean_ else None,
+                "clean_speedup": timings_.get("clean_prefill_speedup")
+                or (clean_[0].ratio if clean_ else None),
                 "ceiling": ceiling_[0] if ceiling_ else None,
                 "kl": met.get("kl_mean"),
                 "top1": met.get("top1_agreement"),
@@ -175,14 +198,44 @@ if len(points) >= 2:
     st.plotly_chart(figures.sweep_figure(points), key="speed_sweep")
 else:
     st.caption("A sweep needs at least two finished runs of this prompt at different densities.")
-st.dataframe(points, hide_index=True, key="speed_points")
+st.dataframe(points.rename(columns=POINT_HEADERS), hide_index=True, key="speed_points")
+
+
+def pending_densities(run: dict) -> set[float]:
+    """Target densities of this prompt's queued or running jobs (same model and method): a
+    sweep must not queue them again."""
+    out = set()
+    for status in ("queued", "running"):
+        for job in store.list_jobs(status):
+            req, cfg = job.request or {}, (job.request or {}).get("config") or {}
+            same = req.get("prompt") == run["prompt"] and cfg.get("method") == run.get("method")
+            models = (None, run.get("model_id"), (run.get("request") or {}).get("model"))
+            density = cfg.get("density")
+            if same and (req.get("model") or None) in models and isinstance(density, int | float):
+                out.add(round(float(density), 4))
+    return out
+
 
 chosen = st.multiselect(
     "Densities to queue", SWEEP_DENSITIES, default=list(SWEEP_DENSITIES), key="speed_densities"
 )
 have = {round(float(x), 4) for x in points["target"].dropna()} if len(points) else set()
-todo = [d for d in chosen if round(d, 4) not in have]
-if st.button(f"Queue a sweep ({len(todo)} runs)", disabled=not todo, key="btn_sweep"):
+pending = pending_densities(run)
+todo = [d for d in chosen if round(d, 4) not in have | pending]
+if pending:
+    st.caption(
+        f"Already queued or running: densities {', '.join(f'{d:g}' for d in sorted(pending))}."
+    )
+if st.button(
+    f"Queue a sweep ({widgets.plural(len(todo), 'run')})", disabled=not todo, key="btn_sweep"
+):
     for d in todo:
         widgets.submit(store, widgets.rerun_request(run, density=float(d)))
-    st.success(f"Queued {len(todo)} runs at densities {', '.join(f'{d:g}' for d in todo)}.")
+    st.session_state["speed_queued"] = [float(d) for d in todo]
+    st.rerun()  # the button now counts what was queued (no second click queues duplicates)
+if st.session_state.get("speed_queued"):
+    done_now = st.session_state.pop("speed_queued")
+    st.success(
+        f"Queued {widgets.plural(len(done_now), 'run')} at densities "
+        f"{', '.join(f'{d:g}' for d in done_now)}; follow them on the Runs page."
+    )

@@ -12,6 +12,7 @@ sketched key (queries after a cache) it is the query estimator.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -126,13 +127,25 @@ def sampled_block_mass(
         step = _chunk_queries(pos, lk, h * lk * bsz, chunk_elems or _SCORE_ELEMS)
 
     def score(s0: int, s1: int) -> None:
-        """Queries s0 .. s1 - 1, chunk by chunk, into their rows of out."""
+        """Queries s0 .. s1 - 1, chunk by chunk, into their rows of out. The torch product
+        writes into one buffer per part, sized for the longest chunk: chunks score ever more
+        keys, and a fresh, larger block per chunk is rarely reused by the heap."""
+        buf = None
+        if not fused:
+            buf = torch.empty(bsz * hkv * gh * step * lk, dtype=dtype, device=qs.device)
         for s in range(s0, s1, step):
-            chunk(s, min(s1, s + step))
+            chunk(s, min(s1, s + step), buf)
 
-    def chunk(s: int, e: int) -> None:
+    # the torch product's key widths rounded up to a few sizes: every distinct width was a new
+    # oneDNN bfloat16 primitive (kept in its cache, with its own scratch), and at 64k tokens a
+    # layer's ~1000 chunks held 3.2 GB that way; the extra keys are masked like any future key
+    span = max(b, -(-lk // (_CHUNK_SPAN * b)) * b)
+
+    def chunk(s: int, e: int, buf: torch.Tensor | None = None) -> None:
         p = pos[s:e]
         kend = int(p[-1]) + 1  # no query of this chunk sees past itself
+        if not fused:
+            kend = min(lk, -(-kend // span) * span)
         nkc = -(-kend // b)
         qg = kv_rows(qs[:, :, s:e] * c, hkv).to(dtype)
         # the softmax over each row's visible keys, summed per key block (kernels/block_softmax:
@@ -141,7 +154,9 @@ def sampled_block_mass(
         if fused:
             mass = scored_block_mass(qg, keys, start, hi, b, min(kend, lk))
         else:
-            scores = qg @ keys[..., : min(kend, lk)]  # [B, Hkv, G * c, kend]
+            kk = keys[..., : min(kend, lk)]
+            shape = (*qg.shape[:-1], kk.shape[-1])  # [B, Hkv, G * c, kend]
+            scores = torch.matmul(qg, kk, out=buf[: math.prod(shape)].view(shape))
             mass = block_softmax_sums(scores, start, hi, b)
         mass = mass.view(bsz, hkv, gh, e - s, nkc)
         if not bool(q_valid[:, s:e].all()):

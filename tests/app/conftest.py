@@ -18,15 +18,15 @@ from sketchwalk.worker.loop import Worker, make_request
 
 @pytest.fixture(scope="session")
 def seeded(tmp_path_factory, tiny_model, models):
-    """A DuckDB store with three finished runs: sketchwalk and nowalk on a license excerpt, and
-    an HTML-injection prompt. Returns (url, {name: run_id})."""
+    """A DuckDB store with three finished runs: sketchwalk (walking, beta 0.5) and nowalk on a
+    license excerpt, and an HTML-injection prompt. Returns (url, {name: run_id})."""
     from sketchwalk.store import open_store
 
     url = str(tmp_path_factory.mktemp("db") / "app.duckdb")
     text = prompts.license_text()[:1100]
     store = open_store(url)
     jobs = {
-        "sketchwalk": store.enqueue_job(make_request(text, tiny_config(), tiny_model, 4)),
+        "sketchwalk": store.enqueue_job(make_request(text, tiny_config(beta=0.5), tiny_model, 4)),
         "nowalk": store.enqueue_job(
             make_request(text, tiny_config(method="nowalk", density=0.3), tiny_model, 4)
         ),

@@ -74,7 +74,7 @@ def test_a_job_runs_into_postgresql_and_exports_like_duckdb(
     pg_url, duck_url, ids = pg_copy
     with open_store(pg_url) as store:
         job_id = store.enqueue_job(
-            make_request("The quick brown fox jumps. " * 10, tiny_config(), tiny_model, 2)
+            make_request("The quick brown fox jumps. " * 10, tiny_config(beta=0.5), tiny_model, 2)
         )
         assert Worker(store, models=models).drain() == [job_id]
         job = store.get_job(job_id)

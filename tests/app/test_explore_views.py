@@ -17,6 +17,11 @@ def _charts(at) -> dict[str, dict]:
     }
 
 
+def _layer_caption(at) -> str:
+    """The layer panel's caption ('Layer 3 · 266 blocks · ...'; the verdict's come first)."""
+    return next(c.value for c in at.caption if c.value.startswith("Layer "))
+
+
 def _explore(run_id):
     at = new_app().run()
     at.session_state["run_id"] = run_id
@@ -112,7 +117,7 @@ def test_long_layer_is_tiled_and_the_zoom_shows_full_detail(monkeypatch, tmp_pat
     monkeypatch.setenv("SKETCHWALK_APP_WORKER", "0")
     at = _explore(rid)
     assert at.select_slider(key="ex_layer").value == 1
-    assert "tiles of 2×2 blocks" in at.caption[0].value
+    assert "tiles of 2×2 blocks" in _layer_caption(at)
     figs = _charts(at)
     tiled = next(f for t, f in figs.items() if t.startswith("Walk score W_l · tiles of 2×2"))
     assert z_array(tiled["data"][0]).shape == (133, 133)
@@ -120,7 +125,7 @@ def test_long_layer_is_tiled_and_the_zoom_shows_full_detail(monkeypatch, tmp_pat
     at.slider(key="ex_zoom_q").set_value((200, 265)).run()
     at.slider(key="ex_zoom_k").set_value((0, 99)).run()
     assert not at.exception, at.exception
-    assert "tiles" not in at.caption[0].value
+    assert "tiles" not in _layer_caption(at)
     detail = _charts(at)["Walk score W_l"]["data"][0]
     z = z_array(detail)
     assert z.shape == (66, 100)
@@ -133,8 +138,8 @@ def test_pass_key_samples_name_their_key():
     prompt, key = prompts.needle_prompt(50, depth=0.1, seed=7)
     assert prompts.find_pass_key(prompt) == key
     assert prompts.find_pass_key("no key here. The pass key is 12.") is None
-    label = next(k for k in prompts.SAMPLES if k.startswith("Needle found or lost"))
-    assert prompts.find_pass_key(prompts.SAMPLES[label]()) is not None
+    label = next(k for k in prompts.SAMPLES if k.startswith("Needle found at 0.2, lost at 0.1"))
+    assert prompts.find_pass_key(prompts.SAMPLES[label]()) == prompts.NEEDLE_DEMO_KEY
 
 
 def test_per_group_run_lets_explore_pick_a_group_or_show_all(
@@ -165,8 +170,9 @@ def test_per_group_run_lets_explore_pick_a_group_or_show_all(
     at.selectbox(key="ex_group").set_value(1).run()
     assert not at.exception, at.exception
     assert any(c.value == "Matrices and metrics describe KV-head group 1." for c in at.caption)
-    walk = z_array(_charts(at)["Walk score W_l"]["data"][0])
-    np.testing.assert_allclose(walk, np.log10(np.maximum(g1["walk"], 1e-6)), rtol=1e-5)
+    assert "Walk score W_l" not in _charts(at)  # walk damping 0: no walk view
+    sketch = z_array(_charts(at)["Sketch estimate A_l"]["data"][0])
+    np.testing.assert_allclose(sketch, np.log10(np.maximum(g1["sketch"], 1e-6)), rtol=1e-5)
     recall = stats[stats["layer"] == 2]["mass_recall"].iloc[0]
     assert {m.label: m.value for m in at.metric}["Mass recall"] == f"{recall:.3f}"
     at.toggle(key="ex_group_multiples").set_value(True).run()
@@ -205,7 +211,7 @@ def test_layer_slider_shows_each_layer_and_a_revisit_comes_from_the_view_cache(
         if layer != 1:
             at.select_slider(key="ex_layer").set_value(layer).run()
             assert not at.exception, at.exception
-        assert at.caption[0].value.startswith(f"Layer {layer} · 266 blocks")
+        assert _layer_caption(at).startswith(f"Layer {layer} · 266 blocks")
         walk = next(f for t, f in _charts(at).items() if t.startswith("Walk score W_l"))
         z = z_array(walk["data"][0])
         tile_max = np.fmax.reduce(np.fmax.reduce(walks[layer].reshape(133, 2, 133, 2), 3), 1)

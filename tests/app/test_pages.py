@@ -52,7 +52,7 @@ def test_new_run_validates_submits_and_shows_the_finished_job(fresh_db, tiny_mod
 
     at.selectbox(key="nr_sample").select(list(prompts.SAMPLES)[0]).run()
     assert at.text_area(key="nr_prompt").value.startswith(prompts.license_text()[:40])
-    assert at.caption[0].value.startswith("1982 tokens · limit 8192 tokens for smollm2")
+    assert at.caption[0].value.startswith("1982 tokens · limit 8192 tokens for smollm2 · ")
 
     at.text_input(key="nr_model").input("/no/such/model").run()
     assert any("cannot load model '/no/such/model'" in e.value for e in at.error)
@@ -158,7 +158,7 @@ def test_explore_draws_the_layer_matrices_and_follows_the_slider(app_env):
     hm3 = store.heatmap(rid, "prefill", 0, 3)
     z = z_array(charts(at)["Walk score W_l"]["data"][0])
     np.testing.assert_allclose(z, hm3["walk"], rtol=1e-6, equal_nan=True)
-    assert "Layer 3" in at.caption[0].value
+    assert any("Layer 3" in c.value for c in at.caption)
 
     at.select_slider(key="ex_layer").set_value(0).run()
     assert "runs dense attention" in at.info[0].value
@@ -285,7 +285,7 @@ def test_prompt_html_renders_as_text_everywhere(app_env):
     assert "<script" not in labels and "<img" not in labels
     for md in at.markdown:
         assert "<script>" not in md.value and "onerror" not in md.value
-    at.radio(key="ex_view").set_value("Depth view (the walk)").run()
+    at.radio(key="ex_view").set_value("Decode tokens").run()  # block labels on its axis
     labels = chart_strings(at)
     assert "&lt;script&gt;" in labels and "<script" not in labels
     at = on_page(at, "compare", ids["injection"])
@@ -357,11 +357,23 @@ def test_speed_shows_stage_times_and_queues_a_sweep(app_env):
     ]
     assert z_array({"z": fig["data"][0]["x"]}).ravel().tolist() == [2, 3]
     assert len(at.dataframe[0].value) == 1  # one run of this prompt with this method so far
-    assert at.dataframe[0].value["ceiling"].iloc[0] >= 1.0  # its whole-model ceiling
+    assert at.dataframe[0].value["Ceiling ×"].iloc[0] >= 1.0  # its whole-model ceiling
     before = {j.id for j in store.list_jobs()}
+    prompt = store.get_run(rid)["prompt"]
+    pending = {  # queued earlier (Explore's "re-run for real"): a sweep does not repeat them
+        j.request["config"]["density"] for j in store.list_jobs("queued")
+        if j.request["prompt"] == prompt and j.request["config"]["method"] == "sketchwalk"
+    }  # fmt: skip
+    want = [d for d in (0.05, 0.1, 0.3, 0.5) if d not in pending]
+    assert at.button(key="btn_sweep").label == f"Queue a sweep ({len(want)} runs)"
     at.button(key="btn_sweep").click().run()
     new = [j for j in store.list_jobs() if j.id not in before]
-    assert sorted(j.request["config"]["density"] for j in new) == [0.05, 0.1, 0.3, 0.5]
+    assert sorted(j.request["config"]["density"] for j in new) == want
+    assert f"Queued {len(want)} runs at densities" in at.success[0].value
+    button = at.button(key="btn_sweep")  # what is queued counts: no duplicates on a 2nd click
+    assert button.disabled and button.label == "Queue a sweep (0 runs)"
+    at = on_page(new_app().run(), "speed", rid)  # a fresh session sees the queued jobs too
+    assert at.button(key="btn_sweep").disabled
 
 
 def test_speed_and_explore_of_a_time_only_run(fresh_db, tiny_model, models):
@@ -443,9 +455,16 @@ def test_runs_table_filters_and_deletes(fresh_db, monkeypatch, seeded):
     assert len(at.dataframe[0].value) == 2
     at.multiselect(key="runs_method").set_value(["nowalk"]).run()
     view = at.dataframe[0].value
-    assert view["method"].tolist() == ["nowalk"]
+    assert view["Method"].tolist() == ["nowalk"]  # headers read as words, not snake_case
+    assert "2 runs; click a column header" in at.caption[0].value
     at.multiselect(key="runs_picked").set_value([ids["nowalk"]]).run()
     assert at.button(key="btn_delete").disabled  # needs the confirmation tick
+    assert at.button(key="btn_delete").label == "Delete 1 run"  # not "1 runs"
+    at.checkbox(key="runs_confirm").check().run()
+    at.multiselect(key="runs_picked").set_value([ids["sketchwalk"]]).run()
+    assert not at.checkbox(key="runs_confirm").value  # a tick is for the runs it was given for
+    assert at.button(key="btn_delete").disabled
+    at.multiselect(key="runs_picked").set_value([ids["nowalk"]]).run()
     at.checkbox(key="runs_confirm").check().run()
     at.button(key="btn_delete").click().run()
     assert not at.exception

@@ -167,11 +167,13 @@ def test_submit_explore_export_in_a_real_browser(server, browser, tiny_model, tm
     # Explore: the heatmaps are plotly figures in the DOM
     page.get_by_role("button", name="Open in Explore").click()
     page.get_by_role("heading", name="Explore").wait_for()
-    page.locator(".js-plotly-plot").nth(4).wait_for()
+    page.locator(".js-plotly-plot").nth(3).wait_for()
     settle(page)
-    assert page.locator(".js-plotly-plot").count() >= 5  # 4 matrices + the preview
-    assert page.locator(".js-plotly-plot .heatmaplayer").count() >= 4
-    assert page.locator(".js-plotly-plot .gtitle").filter(has_text="Walk score W_l").count() == 1
+    assert page.locator(".js-plotly-plot").count() >= 4  # 3 matrices + the preview
+    assert page.locator(".js-plotly-plot .heatmaplayer").count() >= 3
+    # the default run does not walk (damping 0): no walk map, and the page says why
+    assert page.locator(".js-plotly-plot .gtitle").filter(has_text="Walk score W_l").count() == 0
+    assert page.get_by_text("The walk is off in this run").count() == 1
     caption = page.get_by_text("data + figures").first
     assert caption.inner_text().startswith("Layer 2 ·")
     shot(page, "3-explore")

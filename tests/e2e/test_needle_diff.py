@@ -86,10 +86,10 @@ def test_needle_tracker_and_mask_diff_in_a_real_browser(server, browser, passkey
     page.locator(".gtitle").filter(has_text="Needle through the layers").wait_for()
     settle(page)
     assert page.get_by_text(expected.sentence()).count() == 1
-    walk = page.locator(".js-plotly-plot").filter(
-        has=page.locator(".gtitle", has_text="Walk score W_l")
+    kept = page.locator(".js-plotly-plot").filter(
+        has=page.locator(".gtitle", has_text="Selected blocks")
     )
-    assert walk.locator(".shapelayer path").count() >= 1  # the needle's blocks outlined
+    assert kept.locator(".shapelayer path").count() >= 1  # the needle's blocks outlined
     shot(page, "needle-tracker")
 
     # Runs: select both runs, open the diff

@@ -1,0 +1,245 @@
+"""One verdict per run: does the sparse model keep the dense one, and how fast is it?
+
+Pure Python over what the store holds for a run (its metrics, timings, config, prompt, texts and
+per-layer stats), so it is tested on plain dicts and shared by Explore (top of the page) and the
+New run page (the summary of a finished run). Nothing here is computed anew: densities, KL and
+top-1 are the runner's, mass kept is the recorder's mass recall, the density floor is the
+engine's forced-block rule (figures.preview.selection_rule), the speed ceiling is
+engine/speed.py's, and the needle answer check is the eval's (eval/retrieval.py is_correct).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from sketchwalk.engine import speed
+from sketchwalk.store.needle import pass_key
+
+FAR_RATIO = 1.25  # achieved / target above this (and FAR_ABS above it) is "far from the target"
+FAR_ABS = 0.05
+
+
+@dataclass(frozen=True)
+class Item:
+    """One number of the verdict: a label, its value as shown, a note under it, and whether it
+    is good news ("ok"), bad news ("bad"), a caution ("warn") or neutral ("info")."""
+
+    key: str
+    label: str
+    value: str
+    note: str = ""
+    level: str = "info"
+
+
+@dataclass
+class Verdict:
+    items: list[Item] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def item(self, key: str) -> Item | None:
+        return next((i for i in self.items if i.key == key), None)
+
+    def sentence(self) -> str:
+        """The verdict in one line (for a caption or the CLI)."""
+        return " · ".join(f"{i.label}: {i.value}" for i in self.items)
+
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    return None if math.isnan(float(x)) else float(x)
+
+
+def density_floor(config: dict[str, Any], prompt_tokens: int) -> float | None:
+    """The share of causal block pairs a prefill keeps whatever the scores (sink, local window,
+    dense tail), from the engine's own rule: the least density this prompt length allows."""
+    from sketchwalk.app.figures.preview import selection_rule
+    from sketchwalk.engine.config import ConfigError, SketchWalkConfig
+
+    try:
+        block = SketchWalkConfig.from_stored(config).block_size
+    except (ConfigError, TypeError, ValueError):
+        return None
+    n = -(-int(prompt_tokens) // block) if prompt_tokens > 0 else 0
+    if n <= 0:
+        return None
+    cand, forced = selection_rule(n, int(prompt_tokens), config)
+    return float(forced.sum()) / max(float(cand.sum()), 1.0)
+
+
+def density_item(run: dict[str, Any]) -> tuple[Item, str | None]:
+    """Achieved density beside the target, and a warning that says why when they are far apart."""
+    metrics, config = run.get("metrics") or {}, run.get("config") or {}
+    target = _num(metrics.get("density_target"))
+    target = target if target is not None else _num(config.get("density"))
+    achieved = _num(metrics.get("density_achieved"))
+    if achieved is None:
+        return Item("density", "Achieved density", "–", "no sparse prefill layer"), None
+    note = f"target {target:.2f}" if target is not None else ""
+    if target is None or (achieved <= target * FAR_RATIO or achieved - target <= FAR_ABS):
+        return Item("density", "Achieved density", f"{achieved:.2f}", note, "ok"), None
+    tokens = int(run.get("prompt_tokens") or 0)
+    floor = density_floor(config, tokens)
+    block = config.get("block_size", "?")
+    why = (
+        f"at {tokens} tokens ({-(-tokens // int(block)) if isinstance(block, int) else '?'} "
+        f"blocks of {block}) the forced blocks alone (sink, local window, dense tail) keep "
+        f"{floor:.2f} of the causal pairs"
+        if floor is not None
+        else "the forced blocks (sink, local window) take a large share at this length"
+    )
+    tile = config.get("query_block")
+    tiles = (
+        f"; query tiles of {tile} tokens share one block list, so a tile keeps the forced "
+        "blocks of all its rows"
+        if isinstance(tile, int) and isinstance(block, int) and tile > block
+        else ""
+    )
+    more = (
+        f"{tiles}; a longer prompt (or smaller blocks) lets the density reach the target"
+        if floor is not None and floor >= target * 0.8
+        else f"{tiles}; the rest comes from per-layer budgets rounding up"
+    )
+    warning = (
+        f"Achieved density {achieved:.2f} is far above the target {target:.2f}: {why}{more}. "
+        "Quality and speed below are those of the achieved density."
+    )
+    return Item("density", "Achieved density", f"{achieved:.2f}", note, "warn"), warning
+
+
+def mass_item(stats: pd.DataFrame | None) -> Item:
+    """Mean attention mass kept (the recorder's mass recall) over the sparse prefill layers."""
+    if stats is None or stats.empty or "mass_recall" not in stats:
+        return Item("mass", "Attention mass kept", "–", "no per-layer records")
+    rows = stats[(stats["phase"] == "prefill") & ~stats["dense"].astype(bool)]
+    vals = pd.to_numeric(rows["mass_recall"], errors="coerce").dropna()
+    if vals.empty:
+        return Item(
+            "mass", "Attention mass kept", "–", "exact mass not recorded (longer than its limit)"
+        )
+    worst = rows.loc[vals.idxmin(), "layer"]
+    return Item(
+        "mass",
+        "Attention mass kept",
+        f"{vals.mean():.1%}",
+        f"mean of {len(vals)} sparse layers; worst layer {int(worst)}: {vals.min():.1%}",
+        "ok" if vals.mean() >= 0.9 else "warn",
+    )
+
+
+def quality_items(metrics: dict[str, Any]) -> list[Item]:
+    kl, top1 = _num(metrics.get("kl_mean")), _num(metrics.get("top1_agreement"))
+    return [
+        Item(
+            "kl",
+            "KL to dense",
+            "–" if kl is None else f"{kl:.4f}",
+            "mean over prompt tokens (nats)",
+            "info" if kl is None else "ok" if kl < 0.05 else "warn",
+        ),
+        Item(
+            "top1",
+            "Top-1 agreement",
+            "–" if top1 is None else f"{top1:.1%}",
+            "next-token argmax, dense vs sparse",
+            "info" if top1 is None else "ok" if top1 >= 0.95 else "warn",
+        ),
+    ]
+
+
+def needle_item(run: dict[str, Any]) -> Item | None:
+    """Found or lost, when the prompt hides a pass key (None otherwise)."""
+    from sketchwalk.eval.retrieval import is_correct
+
+    key = pass_key(run.get("prompt") or "")
+    if key is None:
+        return None
+    dense = is_correct(run.get("dense_text") or "", key)
+    sparse = is_correct(run.get("sparse_text") or "", key)
+    if not dense:
+        return Item(
+            "needle",
+            f"Needle {key}",
+            "dense misses it",
+            "the dense model does not answer either, so this prompt cannot tell found from lost",
+            "warn",
+        )
+    if sparse:
+        return Item("needle", f"Needle {key}", "found", "dense and sparse both answer it", "ok")
+    return Item("needle", f"Needle {key}", "lost", "dense answers it, sparse does not", "bad")
+
+
+def speed_items(run: dict[str, Any]) -> tuple[list[Item], list[str]]:
+    """Prefill and decode speed of the clean pass: medians of repeats with their spread, held
+    against the ceiling (above it the difference is noise, and the verdict says so)."""
+    t = run.get("timings") or {}
+    metrics, config = run.get("metrics") or {}, run.get("config") or {}
+    if not speed.has_clean(t):
+        note = "this run timed no clean pass"
+        return [
+            Item("prefill", "Prefill speed", "–", note),
+            Item("decode", "Decode speed", "–", note),
+        ], []
+    density = speed.ceiling_density(
+        _num(metrics.get("density_achieved")), _num(config.get("density"))
+    )
+    ceilings = {c.phase: c for c in speed.ceilings(t, density)}
+    pairs = {p.phase: p for p in speed.clean_pairs(t) if p.scope == "whole model"}
+    repeats = int(_num(t.get("clean_repeats")) or 1)
+    items, warnings = [], []
+    for phase, label in (("prefill", "Prefill speed"), ("decode", "Decode speed")):
+        pair = pairs.get(phase)
+        mid = _num(t.get(f"clean_{phase}_speedup"))
+        mid = mid if mid is not None else (pair.ratio if pair else None)
+        if mid is None:
+            items.append(Item(phase, label, "–", "no new tokens" if phase == "decode" else ""))
+            continue
+        lo, hi = _num(t.get(f"clean_{phase}_speedup_lo")), _num(t.get(f"clean_{phase}_speedup_hi"))
+        tokens = int(_num(t.get("clean_decode_tokens")) or 0)
+        if lo is None or hi is None:
+            how = "one clean pass: no spread known"
+        elif phase == "decode":
+            how = f"median of {tokens} clean tokens' ratios, middle half {lo:.2f}–{hi:.2f}×"
+        else:
+            how = f"median of {repeats} clean passes, range {lo:.2f}–{hi:.2f}×"
+        cap = ceilings.get(phase)
+        if cap is not None and mid > cap.at_density * 1.02:
+            items.append(Item(phase, label, "noise", f"measured {mid:.2f}× > ceiling", "warn"))
+            warnings.append(
+                f"{label} measured {mid:.2f}× but at density {cap.density:.2f} the whole model "
+                f"can be at most {cap.at_density:.2f}× faster (attention is "
+                f"{cap.attention_share:.0%} of the dense {phase}): the measurement is noise "
+                "(a busy machine), not a speed-up. Re-run on an idle machine."
+            )
+            continue
+        if lo is not None and hi is not None and lo < 1.0 < hi:
+            level, verdict_note = "info", "no clear difference: the range spans 1×"
+        else:
+            level, verdict_note = ("ok" if mid >= 1.0 else "warn"), ""
+        ceiling = f"; ceiling {cap.at_density:.2f}×" if cap is not None else ""
+        note = "; ".join(x for x in (how + ceiling, verdict_note) if x)
+        items.append(Item(phase, label, f"{mid:.2f}×", note, level))
+    return items, warnings
+
+
+def verdict(run: dict[str, Any], stats: pd.DataFrame | None = None) -> Verdict:
+    """The run's verdict: density (with why it is off target), mass kept, KL, top-1, the needle
+    where there is one, and clean-pass speed."""
+    out = Verdict()
+    dens, warning = density_item(run)
+    out.items.append(dens)
+    if warning:
+        out.warnings.append(warning)
+    out.items.append(mass_item(stats))
+    out.items.extend(quality_items(run.get("metrics") or {}))
+    needle = needle_item(run)
+    if needle is not None:
+        out.items.append(needle)
+    items, warnings = speed_items(run)
+    out.items.extend(items)
+    out.warnings.extend(warnings)
+    return out

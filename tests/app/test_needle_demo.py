@@ -1,0 +1,44 @@
+"""The needle demo tells the truth (issue 39): on the bundled pass-key sample the dense default
+model answers the key, sparse at the default density finds it and at 0.1 loses it, and the
+verdict says so. Slow: it loads the real default model (SmolLM2-135M) and runs it three ways."""
+
+from __future__ import annotations
+
+import pytest
+
+from sketchwalk.app import prompts
+from sketchwalk.app.verdict import needle_item
+from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.engine.models import load_model
+from sketchwalk.engine.runner import RunOptions, run
+from sketchwalk.eval.retrieval import make_item
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return load_model(None)
+
+
+def test_the_sample_is_the_evals_item(lm):
+    item = make_item(lm.tokenizer, "passkey", 2048, 0.3, 0)
+    assert prompts.needle_demo() == item.prompt
+    assert item.answer == prompts.NEEDLE_DEMO_KEY == prompts.find_pass_key(item.prompt)
+
+
+def test_found_at_the_default_density_and_lost_at_a_lower_one(lm):
+    prompt = prompts.needle_demo()
+    default = SketchWalkConfig()
+    results = {}
+    for density in (default.density, 0.1):
+        res = run(lm, prompt, default.with_(density=density), RunOptions(8, record=False))
+        results[density] = res
+        assert res.metrics["density_achieved"] < density + 0.03  # reachable at 2k tokens
+    found = results[default.density]
+    lost = results[0.1]
+    assert found.dense_text.strip().startswith(prompts.NEEDLE_DEMO_KEY)  # dense answers it
+    view = {"prompt": prompt, "dense_text": found.dense_text, "sparse_text": found.sparse_text}
+    assert needle_item(view).value == "found"
+    view = {"prompt": prompt, "dense_text": lost.dense_text, "sparse_text": lost.sparse_text}
+    assert needle_item(view).value == "lost"

@@ -1,0 +1,44 @@
+"""The dense judge of the sparse continuation from the dense pass's kept cache equals a whole
+forward (engine/runner.py judge_logits), and a run's clean passes carry medians and spreads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sketchwalk.app.prompts import license_text
+from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.engine.models import load_model
+from sketchwalk.engine.runner import LMParts, RunOptions, greedy, judge_logits, run, tokenize
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model):
+    return load_model(tiny_model)
+
+
+def test_judge_from_the_kept_cache_equals_a_whole_forward(tiny):
+    ids = tokenize(tiny, license_text()[:900])
+    tiny.model.set_attn_implementation("sdpa")
+    dense = greedy(tiny.model, ids, 6, None, keep_cache=True)
+    assert dense.cache is not None
+    new = [5, 17, 300, 42, 7, 9]  # any continuation, not the dense one
+    parts = LMParts.of(tiny.model)
+    from_cache = judge_logits(parts, ids, dense, new)
+    assert dense.cache is None  # spent
+    whole = judge_logits(parts, ids, dense, new)
+    assert from_cache.shape == whole.shape == (6, whole.shape[-1])
+    torch.testing.assert_close(from_cache, whole, rtol=1e-4, atol=1e-4)
+
+
+def test_a_run_reports_clean_medians_and_their_spread(tiny):
+    cfg = SketchWalkConfig(block_size=16)
+    res = run(tiny, license_text()[:900], cfg, RunOptions(max_new_tokens=4, clean_timing=True))
+    t = res.timings
+    assert t["clean_repeats"] == 3
+    assert (
+        t["clean_prefill_speedup_lo"] <= t["clean_prefill_speedup"] <= t["clean_prefill_speedup_hi"]
+    )
+    assert t["clean_decode_tokens"] >= 1
+    assert t["clean_decode_speedup_lo"] <= t["clean_decode_speedup"] <= t["clean_decode_speedup_hi"]
+    assert res.metrics["gen_kl_mean"] is not None and res.metrics["gen_kl_mean"] >= 0
