@@ -29,7 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "accuracy after greedy decoding), stores one row per cell, prints a table and writes "
             "quality-vs-density plots. Tasks: lm[:SOURCE] (offline long text: gpl-3, gpl-2, "
             "lgpl-2.1, apache-2.0, mpl-2.0, python-stdlib; chunked to each length), "
-            "retrieval[:passkey|kv] (seeded synthetic needle / key-value prompts of each length), "
+            "retrieval[:passkey|kv|passkey-varied|passkey-heldout] (seeded synthetic needle / "
+            "key-value prompts of each length; a bare retrieval runs passkey and kv; the varied "
+            "pass keys have other fillers, keys and wordings, the held-out set is never tuned "
+            "on), "
             'file:PATH (a text file, chunked like lm, or a .jsonl of {"prompt", "answer"}).'
         ),
     )

@@ -17,9 +17,9 @@ def tok(tiny_model_dir):
 
 
 def test_generator_is_deterministic_per_seed_and_fits_the_length(tok):
-    a = er.make_items(tok, er.KINDS, (300, 600), (0.1, 0.9), per_depth=2, seed=7)
-    b = er.make_items(tok, er.KINDS, (300, 600), (0.1, 0.9), per_depth=2, seed=7)
-    c = er.make_items(tok, er.KINDS, (300, 600), (0.1, 0.9), per_depth=2, seed=8)
+    a = er.make_items(tok, er.DEFAULT_KINDS, (300, 600), (0.1, 0.9), per_depth=2, seed=7)
+    b = er.make_items(tok, er.DEFAULT_KINDS, (300, 600), (0.1, 0.9), per_depth=2, seed=7)
+    c = er.make_items(tok, er.DEFAULT_KINDS, (300, 600), (0.1, 0.9), per_depth=2, seed=8)
     assert a == b and len(a) == 16
     assert [x.answer for x in a] != [x.answer for x in c]
     assert len({x.answer for x in a}) > 8  # items differ from each other too
