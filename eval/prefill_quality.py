@@ -19,7 +19,7 @@ import torch
 from sketchwalk.engine.config import preset
 from sketchwalk.engine.hook import NAME
 from sketchwalk.engine.metrics import compare_prompt
-from sketchwalk.engine.models import load_model
+from sketchwalk.engine.models import load_model, parse_rope_scale
 from sketchwalk.engine.session import sketch_walk_session
 
 
@@ -50,6 +50,12 @@ def evaluate(model, ids: torch.Tensor, configs: list[dict]) -> Iterator[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None)
+    p.add_argument(
+        "--rope-scale",
+        default=None,
+        metavar="[TYPE:]FACTOR",
+        help="RoPE-scale the model (yarn:4, linear:2; sparse and dense alike)",
+    )
     p.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
     p.add_argument("--tokens", type=int, nargs="+", default=[2000, 6000])
     p.add_argument(
@@ -72,7 +78,11 @@ def main() -> None:
     )
     args = p.parse_args()
     configs = [json.loads(c) for c in (args.config or ['{"density": 0.2}'])]
-    lm = load_model(args.model)
+    try:
+        scale = parse_rope_scale(args.rope_scale)
+    except ValueError as exc:
+        p.exit(2, f"prefill_quality: error: {exc}\n")
+    lm = load_model(args.model, rope_scale=scale)
     with open(args.text, encoding="utf-8") as f:
         text = f.read()
     if args.bytes:

@@ -1,6 +1,6 @@
 """Synthetic long-context retrieval prompts with checkable answers, built offline and seeded.
 
-Two kinds, both completion-style (the prompt ends where the answer begins, so base and instruct
+Four kinds, all completion-style (the prompt ends where the answer begins, so base and instruct
 models alike answer with the number first):
 
 - passkey (Mohtashami & Jaggi 2023, "Landmark Attention"): a 5-digit pass key hidden at a given
@@ -9,6 +9,10 @@ models alike answer with the number first):
 - kv: many lines "The secret number of the <adjective> <animal> is <5 digits>." and a question
   about one of them at a given depth. Every line is a distractor that looks like the answer, so
   it also tests that the RIGHT far block is kept, not just some far block.
+- passkey-varied / passkey-heldout: pass keys in other fillers, key formats and wordings
+  (eval/templates.py); item i uses template i % 3. The first set may be tuned on, the second
+  is for reporting only, so a selection tuned on the project's prompt is checked on prompts it
+  never saw.
 
 The generator is deterministic: item i of (kind, length, depth) draws everything from
 random.Random(f"{seed}/{kind}/{length}/{depth}/{i}") (string seeds hash stably across runs and
@@ -24,8 +28,10 @@ import re
 from dataclasses import dataclass
 
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.eval import templates
 
-KINDS = ("passkey", "kv")
+KINDS = ("passkey", "kv", *templates.SETS)
+DEFAULT_KINDS = ("passkey", "kv")  # a bare `retrieval` task: the project's own two
 DEFAULT_DEPTHS = (0.1, 0.5, 0.9)
 
 _HEAD = (
@@ -112,6 +118,7 @@ class RetrievalItem:
     prompt: str
     answer: str
     n_tokens: int  # actual prompt tokens (<= length)
+    template: str = ""  # the template's name for the templated kinds
 
 
 def is_correct(generated: str, answer: str) -> bool:
@@ -149,11 +156,12 @@ def make_item(
     tokenizer, kind: str, length: int, depth: float, index: int, seed: int = 0
 ) -> RetrievalItem:
     """One prompt of `kind` with at most `length` tokens, the needle at `depth` (0..1)."""
-    if kind not in _BUILDERS:
+    if kind not in KINDS:
         raise SketchWalkError(f"unknown retrieval kind {kind!r}; choose one of {', '.join(KINDS)}")
     if not 0.0 <= depth <= 1.0:
         raise SketchWalkError(f"retrieval depth must be in [0, 1], got {depth}")
-    build = _BUILDERS[kind]
+    template = templates.template_for(kind, index) if kind in templates.SETS else None
+    build = template.build if template is not None else _BUILDERS[kind]
     tag = f"{seed}/{kind}/{length}/{depth}/{index}"
 
     def count(units: int) -> tuple[int, str, str]:
@@ -169,7 +177,8 @@ def make_item(
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if count(mid)[0] <= length else (lo, mid)
     n, prompt, answer = count(lo)
-    return RetrievalItem(kind, length, depth, index, prompt, answer, n)
+    name = template.name if template is not None else ""
+    return RetrievalItem(kind, length, depth, index, prompt, answer, n, name)
 
 
 def make_items(

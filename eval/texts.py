@@ -22,7 +22,14 @@ LICENSE_SOURCES = {
 }
 STDLIB_FILES = ("argparse.py", "inspect.py", "typing.py", "subprocess.py", "dataclasses.py")
 """Long, stable stdlib modules (each a separate document) for the `python-stdlib` source."""
-SOURCES = (*LICENSE_SOURCES, "python-stdlib")
+# One document past the default model's 8192 positions, for RoPE-scaled runs (16k-32k): prefixes
+# of the same text at every length, so KL against length compares like with like. The licences
+# other than GPL-3 (the tuning text) joined (~32.5k tokens with SmolLM2's tokenizer), and one long
+# stdlib module (~61k tokens).
+LONG_PROSE = ("GPL-2", "LGPL-2.1", "MPL-1.1", "GFDL-1.3", "MPL-2.0", "Apache-2.0", "GPL-1")
+LONG_PROSE += ("Artistic", "CC0-1.0")
+LONG_CODE = "_pydecimal.py"
+SOURCES = (*LICENSE_SOURCES, "python-stdlib", "long-prose", "long-code")
 DEFAULT_SOURCE = "gpl-3"
 
 
@@ -31,9 +38,13 @@ def load_source(name: str) -> list[tuple[str, str]]:
     if name in LICENSE_SOURCES:
         path = LICENSES / LICENSE_SOURCES[name]
         return [(name, read_text(path))]
+    root = Path(sysconfig.get_paths()["stdlib"])
     if name == "python-stdlib":
-        root = Path(sysconfig.get_paths()["stdlib"])
         return [(f"stdlib/{f}", read_text(root / f)) for f in STDLIB_FILES]
+    if name == "long-prose":
+        return [(name, "\n\n".join(read_text(LICENSES / f) for f in LONG_PROSE))]
+    if name == "long-code":
+        return [(name, read_text(root / LONG_CODE))]
     raise SketchWalkError(f"unknown text source {name!r}; choose one of {', '.join(SOURCES)}")
 
 

@@ -17,9 +17,9 @@ def tok(tiny_model_dir):
 
 
 def test_generator_is_deterministic_per_seed_and_fits_the_length(tok):
-    a = er.make_items(tok, er.KINDS, (300, 600), (0.1, 0.9), per_depth=2, seed=7)
-    b = er.make_items(tok, er.KINDS, (300, 600), (0.1, 0.9), per_depth=2, seed=7)
-    c = er.make_items(tok, er.KINDS, (300, 600), (0.1, 0.9), per_depth=2, seed=8)
+    a = er.make_items(tok, er.DEFAULT_KINDS, (300, 600), (0.1, 0.9), per_depth=2, seed=7)
+    b = er.make_items(tok, er.DEFAULT_KINDS, (300, 600), (0.1, 0.9), per_depth=2, seed=7)
+    c = er.make_items(tok, er.DEFAULT_KINDS, (300, 600), (0.1, 0.9), per_depth=2, seed=8)
     assert a == b and len(a) == 16
     assert [x.answer for x in a] != [x.answer for x in c]
     assert len({x.answer for x in a}) > 8  # items differ from each other too
@@ -50,6 +50,10 @@ def test_offline_texts_and_chunks():
     ((name, text),) = load_source("gpl-3")
     assert name == "gpl-3" and "GNU GENERAL PUBLIC LICENSE" in text
     assert len(load_source("python-stdlib")) == 5
+    ((name, prose),) = load_source("long-prose")  # one document past 8k tokens, no GPL-3
+    assert name == "long-prose" and len(prose) > 130_000 and "Version 3, 29 June 2007" not in prose
+    ((_, code),) = load_source("long-code")
+    assert len(code) > 200_000 and code.count("\ndef ") + code.count("\n    def ") > 100
     assert chunk_spans(1000, 450) == [(0, 450), (450, 900)]  # 100-token tail < half: dropped
     assert chunk_spans(1000, 300) == [(0, 300), (300, 600), (600, 900)]
     assert chunk_spans(1100, 400)[-1] == (800, 1100)
