@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from pg_testdb import PG_ENV, fresh_schema, in_ci, pg_base_url
 
@@ -13,6 +15,20 @@ def pytest_report_header(config):
     if in_ci():
         return f"PostgreSQL tests: REQUIRED in CI but {PG_ENV} is not set (they will fail)"
     return 'PostgreSQL tests: off (eval "$(.ci/postgres.sh)" to run them)'
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_user_layer_profiles(tmp_path_factory):
+    """Layer profiles from an empty folder: one the developer calibrated for a test model
+    (~/.cache/sketchwalk/profiles) would change which layers run sparse. Tests that calibrate
+    set their own folder."""
+    old = os.environ.get("SKETCHWALK_PROFILES")
+    os.environ["SKETCHWALK_PROFILES"] = str(tmp_path_factory.mktemp("profiles"))
+    yield
+    if old is None:
+        os.environ.pop("SKETCHWALK_PROFILES", None)
+    else:
+        os.environ["SKETCHWALK_PROFILES"] = old
 
 
 @pytest.fixture(scope="session")
