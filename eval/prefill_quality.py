@@ -18,23 +18,28 @@ import torch
 
 from sketchwalk.engine.config import preset
 from sketchwalk.engine.hook import NAME
-from sketchwalk.engine.metrics import compare_prompt
+from sketchwalk.engine.metrics import compare_prompt_chunked
 from sketchwalk.engine.models import load_model, parse_rope_scale
+from sketchwalk.engine.runner import LMParts
 from sketchwalk.engine.session import sketch_walk_session
 
 
 @torch.no_grad()
 def evaluate(model, ids: torch.Tensor, configs: list[dict]) -> Iterator[dict]:
     """One row per config, each as soon as it is measured (long runs report as they go)."""
+    # final hidden states, the head applied a chunk of positions at a time: whole logits are
+    # T x 49k floats (3.2 GB at 16k tokens, twice over), which ran a 16k comparison out of memory
+    parts = LMParts.of(model)
     model.set_attn_implementation("sdpa")
-    dense = model(ids).logits[0]
+    dense = parts.forward_hidden(ids)
     model.set_attn_implementation(NAME)
     try:
         for kw in configs:
             knobs = dict(kw)
             with sketch_walk_session(preset(knobs.pop("preset", "default"), **knobs)) as s:
-                sparse = model(ids).logits[0]
-            cmp = compare_prompt(dense, sparse, ids[0])
+                sparse = parts.forward_hidden(ids)
+            cmp = compare_prompt_chunked(parts.logits, dense, sparse, ids[0].cpu())
+            del sparse
             yield {
                 "tokens": ids.shape[1],
                 "config": kw,
