@@ -37,6 +37,7 @@ PER_RUN = {
     ("engine/runner.py", "greedy"),
     ("engine/runner.py", "_run"),
     ("engine/runner.py", "forward_hidden"),
+    ("engine/runner.py", "judge_logits"),  # the dense judge's logits of the continuation
     ("engine/runner.py", "_token_records"),
     ("engine/timing.py", "one_pass"),
     ("engine/metrics.py", "_compare_rows"),
