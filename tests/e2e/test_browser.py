@@ -104,16 +104,6 @@ def server(tmp_path_factory):
         yield url
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS)
-        yield b
-        b.close()
-
-
 def settle(page, timeout_ms: int = 60_000) -> None:
     """Wait until Streamlit finished the current script run (its status widget is gone)."""
     page.wait_for_timeout(300)

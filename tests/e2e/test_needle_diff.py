@@ -8,7 +8,7 @@ artifacts/screenshots/ (needle-tracker.png, mask-diff.png).
 from __future__ import annotations
 
 import pytest
-from test_browser import CHROME_ARGS, CHROMIUM, serve_app, settle, shot
+from test_browser import serve_app, settle, shot
 
 from sketchwalk.app import prompts
 
@@ -45,16 +45,6 @@ def server(passkey_store, tmp_path_factory):
         passkey_store[0], tmp_path_factory.mktemp("log"), SKETCHWALK_APP_WORKER="0"
     ) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS)
-        yield b
-        b.close()
 
 
 def test_needle_tracker_and_mask_diff_in_a_real_browser(server, browser, passkey_store):

@@ -10,7 +10,7 @@ artifacts/screenshots/ (verdict-panel.png, drill-down.png).
 from __future__ import annotations
 
 import pytest
-from test_browser import CHROME_ARGS, CHROMIUM, serve_app, settle, shot
+from test_browser import serve_app, settle, shot
 
 from sketchwalk.app import prompts
 
@@ -46,16 +46,6 @@ def stored(tmp_path_factory):
 def server(stored, tmp_path_factory):
     with serve_app(stored[0], tmp_path_factory.mktemp("log"), SKETCHWALK_APP_WORKER="0") as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS)
-        yield b
-        b.close()
 
 
 def _nav(page, title: str) -> None:
