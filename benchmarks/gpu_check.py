@@ -585,6 +585,12 @@ def _letters(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] not in (["stage"], ["merge"], ["-h"], ["--help"]):
+        # `gpu_check.py --smoke --device cpu` and the like: the whole run, as gpu_check.sh does it
+        # (every stage in its own bounded process), so both names start the same thing
+        script = Path(__file__).with_name("gpu_check.sh")
+        return subprocess.run(["bash", str(script), *argv], check=False).returncode
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     for cmd in ("stage", "merge"):

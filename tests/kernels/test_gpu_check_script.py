@@ -203,3 +203,20 @@ def test_gpu_table_renders_a_report_and_refuses_other_files(tmp_path, capsys):
     path.write_text("[]")
     assert gpu_table.main([str(path)]) == 2
     assert "not a gpu_check.json" in capsys.readouterr().err
+
+
+def test_gpu_check_py_without_a_subcommand_runs_the_whole_script(monkeypatch):
+    """`gpu_check.py --smoke --device cpu` starts what `gpu_check.sh --smoke --device cpu` does;
+    its exit code is the script's."""
+    seen = []
+
+    def fake_run(cmd, check):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 3)
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    assert gpu_check.main(["--smoke", "--device", "cpu"]) == 3
+    assert seen == [["bash", str(SCRIPT), "--smoke", "--device", "cpu"]]
+    with pytest.raises(SystemExit):  # a subcommand still parses as one (here: missing --work)
+        gpu_check.main(["merge"])
+    assert len(seen) == 1
