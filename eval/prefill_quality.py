@@ -16,12 +16,13 @@ from collections.abc import Iterator
 
 import torch
 
-from sketchwalk.engine.config import preset
+from sketchwalk.engine.config import SketchWalkConfig, preset
 from sketchwalk.engine.hook import NAME
 from sketchwalk.engine.metrics import compare_prompt_chunked
 from sketchwalk.engine.models import load_model, parse_rope_scale
 from sketchwalk.engine.runner import LMParts
 from sketchwalk.engine.session import sketch_walk_session
+from sketchwalk.errors import SketchWalkError
 
 
 @torch.no_grad()
@@ -35,8 +36,7 @@ def evaluate(model, ids: torch.Tensor, configs: list[dict]) -> Iterator[dict]:
     model.set_attn_implementation(NAME)
     try:
         for kw in configs:
-            knobs = dict(kw)
-            with sketch_walk_session(preset(knobs.pop("preset", "default"), **knobs)) as s:
+            with sketch_walk_session(config_of(kw)) as s:
                 sparse = parts.forward_hidden(ids)
             cmp = compare_prompt_chunked(parts.logits, dense, sparse, ids[0].cpu())
             del sparse
@@ -50,6 +50,12 @@ def evaluate(model, ids: torch.Tensor, configs: list[dict]) -> Iterator[dict]:
             }
     finally:
         model.set_attn_implementation("sdpa")
+
+
+def config_of(knobs: dict) -> SketchWalkConfig:
+    """The config a --config's knobs name: a preset (default: the defaults) with knobs changed."""
+    knobs = dict(knobs)
+    return preset(knobs.pop("preset", "default"), **knobs)
 
 
 def main() -> None:
@@ -82,10 +88,14 @@ def main() -> None:
         "the share the 10 and 100 worst tokens carry",
     )
     args = p.parse_args()
-    configs = [json.loads(c) for c in (args.config or ['{"density": 0.2}'])]
-    try:
+    try:  # every config checked before the model loads: a typo is one line, not a traceback
+        configs = [json.loads(c) for c in (args.config or ['{"density": 0.2}'])]
+        for c in configs:
+            if not isinstance(c, dict):
+                raise ValueError(f"--config must be a JSON object, got {json.dumps(c)}")
+            config_of(c)
         scale = parse_rope_scale(args.rope_scale)
-    except ValueError as exc:
+    except (ValueError, TypeError, SketchWalkError) as exc:
         p.exit(2, f"prefill_quality: error: {exc}\n")
     lm = load_model(args.model, rope_scale=scale)
     with open(args.text, encoding="utf-8") as f:

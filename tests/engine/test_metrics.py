@@ -46,3 +46,26 @@ def test_prefill_quality_prints_where_the_perplexity_goes(tiny_model, tmp_path):
     lines = out.strip().splitlines()
     assert "KL" in lines[0] and "ppl" in lines[0]
     assert lines[1].strip().startswith("NLL") and "0-" in lines[1] and "worst 100" in lines[1]
+
+
+@pytest.mark.parametrize(
+    "config, says",
+    [
+        ('{"sketch_dim": 0}', "sketch dim must be >= 1"),
+        ('{"no_such_knob": 1}', "no_such_knob"),
+        ('{"density": ', "Expecting value"),
+        ("[1]", "must be a JSON object"),
+        ('{"preset": "nope"}', "unknown preset"),
+    ],
+)
+def test_prefill_quality_refuses_a_bad_config_in_one_line_before_loading(config, says, tmp_path):
+    # --model names nothing loadable: a config error must come first, without loading it
+    out = subprocess.run(
+        [sys.executable, "-m", "sketchwalk.eval.prefill_quality", "--model", str(tmp_path / "none"),
+         "--config", '{"density": 0.2}', "--config", config],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith("prefill_quality: error:") and says in lines[-1]
+    assert "Traceback" not in out.stderr
