@@ -45,8 +45,9 @@ NEEDLE_DEMO_KEY = "12887"
 
 def needle_demo() -> str:
     """A pass-key prompt picked by running it (tests/app/test_needle_demo.py keeps it true):
-    the dense default model answers 12887, sparse at the default density 0.2 finds it, at 0.1
-    it is lost. It is eval/retrieval.py's item (passkey, 2048 tokens, depth 0.3, index 0)."""
+    the dense default model answers 12887, sparse at the default density 0.2 and at 0.1 finds
+    it, at 0.05 it is lost. It is eval/retrieval.py's item (passkey, 2048 tokens, depth 0.3,
+    index 0)."""
     return _read(NEEDLE_DEMO)
 
 
@@ -77,7 +78,7 @@ SAMPLES = {
     "Pass-key retrieval (≈1k tokens)": lambda: needle_prompt(150)[0],
     "Pass-key retrieval (≈2k tokens)": lambda: needle_prompt(300)[0],
     "Pass-key retrieval (≈4k tokens)": lambda: needle_prompt(600)[0],
-    "Needle found at 0.2, lost at 0.1: pass key 12887 (≈2k tokens; Explore follows it)": (
+    "Needle found at 0.1, lost at 0.05: pass key 12887 (≈2k tokens; Explore follows it)": (
         needle_demo
     ),
 }

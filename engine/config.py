@@ -99,9 +99,11 @@ class SketchWalkConfig:
         flag="phase",
     )
     block_size: int = knob(
-        32,
-        "tokens per block (a power of two); the walk costs n^3 for n = T / block blocks, so "
-        "take 64 beyond ~16k tokens",
+        16,
+        "tokens per block (a power of two): smaller blocks keep what matters more exactly "
+        "(GPL-3 6k, KL 0.020 at 16 against 0.031 at 32) but the block matrices grow as "
+        "(T / block)^2 and the explorer draws at most 4096 blocks a layer, so take 32 beyond "
+        "64k tokens (64 with the walk, which costs n^3, beyond ~16k)",
         label="Block size",
         lo=1,
         hi=4096,
@@ -191,7 +193,7 @@ class SketchWalkConfig:
         128, "kept coordinates r of the Hadamard sketch", label="Sketch dim r", lo=1, hi=1 << 16
     )
     estimator: str = knob(
-        "mean",
+        "sampled",
         "block estimate: 'mean' scores block-mean queries against block-mean keys (the "
         "paper); 'query' scores every sketched query against each key block's mean and "
         "variance, then averages per query block; 'sampled' scores query_samples queries per "
@@ -210,19 +212,20 @@ class SketchWalkConfig:
         hi=1.0,
     )
     query_samples: int = knob(
-        4,
-        "token-level estimators: evenly spaced queries scored per block (0 = every query)",
+        8,
+        "token-level estimators: evenly spaced queries scored per block (0 = every query); "
+        "8 of 16 against 4: Apache-2.0 KL 0.042 against 0.053 for ~1.6 s more of a 7k prefill",
         label="Estimator queries per block",
         lo=0,
         hi=1 << 16,
     )
     score_rank: int = knob(
-        24,
+        0,
         "the sampled estimator's scores in a prefill in this many coordinates, fitted per layer "
         "and KV head to its queries and keys (the closest rank-r approximation of their inner "
         "products; 0 or the sketch's width: the sketched product itself): at 24 of 64 the "
-        "estimator's product costs 3/8 for about the same quality (GPL-3 KL 0.032 against "
-        "0.030; MPL-2.0 0.056 against 0.051; a random sketch of 32: 0.062)",
+        "estimator's product costs 3/8, for GPL-3 KL 0.032 against 0.030 with 32-token blocks "
+        "but 0.020 against 0.017 with 16, and Apache-2.0 0.063 against 0.053 at rank 32",
         label="Estimator score rank",
         lo=0,
         hi=1 << 16,
@@ -453,16 +456,22 @@ LEGACY: dict[str, Any] = {
 # ---- presets: data next to the declaration ----------------------------------------------------
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # Every quality target of docs/quality.md met at 20% density on the default model, at the
-    # best whole-model speed measured with them: 32-token key blocks (the kernel's calls twice
-    # as long as with 16), the sampled estimator in the first 70% of the layers (where block
-    # means lose the context's single tokens, a pass key among them; its scores in a fitted
-    # rank-24 basis) and block means after, no walk (it did not help on this model).
+    # Every quality target of docs/quality.md met at 20% density on the default model (issue
+    # #41: GPL-3 KL 0.014, perplexity +1.5%; Apache-2.0 0.042), at the best CPU speed measured
+    # with them (prefill 1.58x of dense at 7k against the lean preset's 1.74x): 16-token key
+    # blocks read by 64-query tiles, the sampled estimator in every layer with 8 queries a block
+    # scored in the full sketch, no walk (it did not help on this model).
     "default": {},
-    # Fidelity first (the defaults until 2026-12-02): 16-token key blocks, the sampled estimator
-    # in every layer, scoring in the sketch itself (no fitted basis), and the walk; about half of
-    # GPL-3's KL at 0.2, for ~3x the selection time and a slower kernel.
-    "fidelity": {"block_size": 16, "estimator": "sampled", "beta": 0.25, "score_rank": 0},
+    # The defaults until 2026-12-06, for speed on a CPU: 32-token key blocks (the kernel's calls
+    # twice as long), the sampled estimator (4 queries a block, a fitted rank-24 basis) in the
+    # first 70% of the layers and block means after; GPL-3 KL 0.032, perplexity +3.5%, Apache-2.0
+    # 0.086, fewer pass keys than dense on prompts never tuned on.
+    "lean": {"block_size": 32, "estimator": "mean", "query_samples": 4, "score_rank": 24},
+    # Fidelity first: the defaults with every query scored, so a block's estimate is its exact
+    # mass in the sketch (Apache-2.0 KL 0.038, as the exact-mass oracle's 0.038, against the
+    # defaults' 0.042), for twice the defaults' estimator work. The walk, on here until
+    # 2026-12-06, did not help (0.043 with it).
+    "fidelity": {"block_size": 16, "estimator": "sampled", "query_samples": 0, "score_rank": 0},
     # Speed first: 64-token blocks (the CPU kernel's calls stay long) and the block-mean
     # estimator; per-group lists and one budget per layer as in the default; decode re-selects
     # once per key block whatever the context length. No dense layers:
@@ -486,7 +495,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # layer. Quality does not depend on the device, so it was measured on the CPU (issue #41,
     # docs/quality.md): GPL-3 6k KL 0.032 at 0.2, where 64-token blocks gave 0.044 and 16-token
     # blocks 0.023.
-    "gpu": {"block_size": 32, "query_block": 128, "sampled_depth": 1.0},
+    "gpu": {
+        "block_size": 32,
+        "query_block": 128,
+        "estimator": "sampled",
+        "query_samples": 4,
+        "score_rank": 24,
+    },
     # The published configuration (the paper's README defaults), with our explicit density.
     "paper": {
         "block_size": 64,
@@ -517,7 +532,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 # What each preset is for, in the words the command line's and the app's help show.
 PRESET_NOTES: dict[str, str] = {
     "default": "every quality target met at the best measured speed",
-    "fidelity": "16-token blocks, the sampled estimator everywhere, the walk: closest to dense",
+    "lean": "the defaults until 2026-12-06: 32-token blocks, a cheaper estimator: CPU speed first",
+    "fidelity": "the defaults with every query scored: closest to dense, twice the estimator",
     "fast": "64-token blocks and block means: speed first",
     "gpu": "128-query tiles over 32-token blocks, sampled everywhere: CUDA's default",
     "paper": "the published configuration",

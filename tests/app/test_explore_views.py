@@ -138,7 +138,7 @@ def test_pass_key_samples_name_their_key():
     prompt, key = prompts.needle_prompt(50, depth=0.1, seed=7)
     assert prompts.find_pass_key(prompt) == key
     assert prompts.find_pass_key("no key here. The pass key is 12.") is None
-    label = next(k for k in prompts.SAMPLES if k.startswith("Needle found at 0.2, lost at 0.1"))
+    label = next(k for k in prompts.SAMPLES if k.startswith("Needle found at 0.1, lost at 0.05"))
     assert prompts.find_pass_key(prompts.SAMPLES[label]()) == prompts.NEEDLE_DEMO_KEY
 
 

@@ -22,16 +22,25 @@ def test_the_paper_preset_is_the_published_configuration():
     assert preset("paper", density=0.3).density == 0.3
     assert (c.estimator, c.sampled_depth, c.query_samples) == ("mean", 0.0, 0)
     assert preset("default") == SketchWalkConfig()
-    fid = preset("fidelity")  # the defaults before 2026-12-02 evening
-    assert (fid.block_size, fid.estimator, fid.query_samples, fid.beta) == (16, "sampled", 4, 0.25)
+    fid = preset("fidelity")  # every query scored
+    assert (fid.block_size, fid.estimator, fid.query_samples, fid.beta) == (16, "sampled", 0, 0.0)
     assert all(fid.at_depth(layer, 30) is fid for layer in range(30))
     d = SketchWalkConfig()
-    assert (d.block_size, d.query_block, d.estimator, d.sampled_depth, d.beta) == (
-        32, 64, "mean", 0.7, 0.0,
+    assert (d.block_size, d.query_block, d.estimator, d.query_samples, d.score_rank, d.beta) == (
+        16, 64, "sampled", 8, 0, 0.0,
     )  # fmt: skip
-    assert [d.at_depth(layer, 30).estimator for layer in (0, 20, 21, 29)] == [
+    assert all(d.at_depth(layer, 30) is d for layer in range(30))  # sampled in every layer
+    lean = preset("lean")  # the defaults until 2026-12-06, as measured
+    assert (lean.block_size, lean.query_block, lean.query_samples, lean.score_rank) == (
+        32, 64, 4, 24,
+    )  # fmt: skip
+    assert [lean.at_depth(layer, 30).estimator for layer in (0, 20, 21, 29)] == [
         "sampled", "sampled", "mean", "mean",
     ]  # fmt: skip
+    gpu = preset("gpu")  # as measured, whatever the defaults
+    assert (gpu.block_size, gpu.query_block, gpu.estimator, gpu.query_samples, gpu.score_rank) == (
+        32, 128, "sampled", 4, 24,
+    )  # fmt: skip
     fast = preset("fast")
     assert (fast.block_size, fast.estimator, fast.per_group, fast.budget) == (
         64,
@@ -122,7 +131,7 @@ def test_round_trip_dict_and_nowalk_switch():
     c = SketchWalkConfig(method="nowalk", dense_layers=[3], density=0.3, beta=0.25)
     assert SketchWalkConfig.from_dict(c.to_dict()) == c
     assert c.effective_beta == 0.0 and c.with_(method="sketchwalk").effective_beta == 0.25
-    assert preset("fidelity").effective_beta == 0.25 and SketchWalkConfig().effective_beta == 0.0
+    assert preset("fast").effective_beta == 0.25 and SketchWalkConfig().effective_beta == 0.0
     assert SketchWalkConfig.from_dict(SketchWalkConfig(per_group=False).to_dict()).groups(3) == 1
     with pytest.raises(ConfigError):
         SketchWalkConfig.from_dict({"densty": 0.1})

@@ -98,7 +98,8 @@ def test_rank_zero_or_full_width_leaves_the_inputs():
 
 
 def test_the_knob():
-    assert SketchWalkConfig().score_rank == 24
+    assert SketchWalkConfig().score_rank == 0  # 16-token blocks: full width (docs/quality.md)
+    assert preset("lean").score_rank == 24
     assert preset("fidelity").score_rank == 0  # the exact sketched product
     assert SketchWalkConfig.from_stored({}).score_rank == 0  # runs stored before the knob
     with pytest.raises(ConfigError, match="score rank"):
