@@ -58,7 +58,10 @@ def test_on_target_density_has_no_warning_and_reports_quality():
 
 
 def test_short_prompt_far_above_target_says_forced_blocks():
-    run = _run(prompt_tokens=188, metrics={"density_target": 0.2, "density_achieved": 0.81})
+    config = {**CONFIG, "block_size": 32}
+    run = _run(
+        prompt_tokens=188, config=config, metrics={"density_target": 0.2, "density_achieved": 0.81}
+    )
     out = v.verdict(run)
     assert out.item("density").level == "warn"
     (warning,) = out.warnings

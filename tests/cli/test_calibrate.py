@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sketchwalk.cli.main import main
+from sketchwalk.engine.config import SketchWalkConfig
 from sketchwalk.engine.layer_profile import load
 
 
@@ -30,7 +31,7 @@ def test_calibrate_writes_a_profile_for_the_models_architecture(
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["--tokens", "8"], "--tokens must be at least 128"),
+        (["--tokens", "8"], f"--tokens must be at least {4 * SketchWalkConfig().block_size}"),
         (["--text", "/no/such/file"], "cannot read /no/such/file"),
         (["--block-size", "24"], "power of two"),
     ],
