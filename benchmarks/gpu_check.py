@@ -238,15 +238,16 @@ def stage_kernels(ctx: Context) -> None:
 
 
 def _selection_configs() -> dict[str, object]:
-    """The selections a model's layers run: the defaults' sampled estimator (its first 70% of
-    layers), the defaults' block means (the rest), and `fast` (block means everywhere)."""
+    """The selections timed: the `gpu` preset's (what a CUDA run starts from: 4 sampled queries
+    per 32-token block in every layer), the cheapest ones (`lean`'s block-mean layers, `fast`),
+    and last, as it is the costliest, the CPU defaults' (8 sampled queries per 16-token block)."""
     from sketchwalk.engine.config import preset
 
-    default = preset("default", density=0.2)
     return {
-        "default, sampled layer": default.at_depth(0.0, 1.0),
-        "default, block-mean layer": default.at_depth(1.0, 1.0),
+        "gpu": preset("gpu", density=0.2),
+        "lean, block-mean layer": preset("lean", density=0.2).at_depth(1.0, 1.0),
         "fast": preset("fast", density=0.2),
+        "default (CPU)": preset("default", density=0.2),
     }
 
 
@@ -335,7 +336,7 @@ def stage_attention(ctx: Context) -> None:
     prefill, decode = ([96], [200]) if ctx.smoke else ([32768, 65536, 131072], [32768, 131072])
     shape, dtype, repeats = ("smollm2", "fp16", 1) if ctx.smoke else ("llama3-8b", "bf16", 3)
     flex = flex_available() and not ctx.smoke
-    knobs = preset("default")  # prefill_selection applies no at_depth: a block-mean layer's
+    knobs = preset("gpu")  # the blocks, tiles and estimator a CUDA run starts from
     plan = [("prefill", t) for t in prefill] + [("decode", t) for t in decode]
     took: dict[tuple[str, int], float] = {}
 
@@ -370,7 +371,7 @@ def stage_attention(ctx: Context) -> None:
                     _free()
                     continue
             for row in rows:
-                row["selection"] = "default, block-mean layer"
+                row["selection"] = "gpu"
                 ctx.add(row)
                 note = f", Flex {row['flex_ms']:.2f} ms" if "flex_ms" in row else ""
                 ours = f"ours {row['sparse_ms']:.2f} ms ({row['speedup']:.2f}x)"

@@ -466,7 +466,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # twice as long), the sampled estimator (4 queries a block, a fitted rank-24 basis) in the
     # first 70% of the layers and block means after; GPL-3 KL 0.032, perplexity +3.5%, Apache-2.0
     # 0.086, fewer pass keys than dense on prompts never tuned on.
-    "lean": {"block_size": 32, "estimator": "mean", "query_samples": 4, "score_rank": 24},
+    "lean": {
+        "block_size": 32,
+        "estimator": "mean",
+        "sampled_depth": 0.7,
+        "query_samples": 4,
+        "score_rank": 24,
+    },
     # Fidelity first: the defaults with every query scored, so a block's estimate is its exact
     # mass in the sketch (Apache-2.0 KL 0.038, as the exact-mass oracle's 0.038, against the
     # defaults' 0.042), for twice the defaults' estimator work. The walk, on here until
