@@ -458,7 +458,7 @@ LEGACY: dict[str, Any] = {
 PRESETS: dict[str, dict[str, Any]] = {
     # Every quality target of docs/quality.md met at 20% density on the default model (issue
     # #41: GPL-3 KL 0.014, perplexity +1.5%; Apache-2.0 0.042), at the best CPU speed measured
-    # with them (prefill 1.58x of dense at 7k against the lean preset's 1.74x): 16-token key
+    # with them (prefill 1.33-1.58x of dense at 7k against the lean preset's 1.66-1.74x): 16-token key
     # blocks read by 64-query tiles, the sampled estimator in every layer with 8 queries a block
     # scored in the full sketch, no walk (it did not help on this model).
     "default": {},
