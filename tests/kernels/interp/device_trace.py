@@ -45,13 +45,17 @@ DEVICE = torch.device("cpu", 0)  # where a device tensor says it is
 
 def _names_device(target) -> bool | None:
     """True where `target` (a `device=` or `.to()` argument) is the device, False where it is
-    the host, None where it names no device (a dtype, nothing)."""
+    the host, None where it names no device (a dtype, nothing, or "meta": transformers builds a
+    model there and asks `.device` whether a weight is still unloaded; a meta tensor taken for
+    the device answered "cpu:0", so the rotary buffers were never initialised)."""
     if not isinstance(target, torch.device | str):
         return None
     try:
         d = torch.device(target)
     except (RuntimeError, TypeError):
         return None  # a dtype name such as "float32" is not a device
+    if d.type == "meta":
+        return None
     return d == DEVICE or d.type != "cpu"
 
 

@@ -83,16 +83,25 @@ class Traced:
 
         def loaded(*args, **kwargs):
             lm = load(*args, **kwargs)
-            self.trace.put([*lm.model.parameters(), *lm.model.buffers()])
+            self._put_model(lm.model)
             return lm
 
         def built(*args, **kwargs):
             rm = build(*args, **kwargs)
-            self.trace.put([*rm.model.parameters(), *rm.model.buffers()])
+            self._put_model(rm.model)
             return rm
 
         monkeypatch.setattr(models, "load_model", loaded)
         monkeypatch.setattr(random_model, "build_random_model", built)
+
+    def _put_model(self, model) -> None:
+        """The model's weights onto the "device", once the load under the trace is checked
+        complete (a buffer left unloaded reads as whatever memory held: NaN now and then)."""
+        tensors = [*model.parameters(), *model.buffers()]
+        bad = [name for name, x in [*model.named_parameters(), *model.named_buffers()]
+               if x.is_floating_point() and not bool(x.isfinite().all())]  # fmt: skip
+        assert not bad, f"not finite after loading: {bad}"
+        self.trace.put(tensors)
 
     def __enter__(self) -> Traced:
         self.trace.__enter__()
