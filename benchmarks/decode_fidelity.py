@@ -103,7 +103,7 @@ def compare(model, ids, cfg, rules, n_new) -> dict:
     row = {}
     for rule in rules:
         s, c = copy.deepcopy(session), copy.deepcopy(cache)
-        s.cfg = with_rule(s.cfg, rule)
+        s.reconfigure(with_rule(s.cfg, rule))
         _, logits = _steps(model, s, c, first, d_toks, n_new)
         p = d_logits.log_softmax(-1)
         kl = (p.exp() * (p - logits.log_softmax(-1))).sum(-1)[1:]  # decode steps only
@@ -122,7 +122,7 @@ def answers(model, tok, item, cfg, rules, n_new=8) -> dict:
     out = {"dense": is_correct(tok.decode(d_toks), item.answer)}
     for rule in rules:
         s, c = copy.deepcopy(session), copy.deepcopy(cache)
-        s.cfg = with_rule(s.cfg, rule)
+        s.reconfigure(with_rule(s.cfg, rule))
         toks, _ = _steps(model, s, c, first, None, n_new)
         out[rule] = is_correct(tok.decode(toks), item.answer)
     return out

@@ -92,6 +92,14 @@ class Session:
             self.layer_density = layer_densities(self.cfg, model_config)
             self.n_layers = int(getattr(model_config, "num_hidden_layers", 0) or 0)
 
+    def reconfigure(self, cfg: SketchWalkConfig) -> None:
+        """Run the steps to come under cfg (a copied session tried under several decode rules):
+        the per-layer configs and the profile's densities are derived again from it, since a
+        bound session keeps them (assigning `cfg` alone would leave the layers on the old one)."""
+        self.cfg = cfg
+        self._layer_cfgs.clear()
+        self.layer_density = None  # the hook binds the model again at the next layer call
+
     def cfg_for(self, layer: int) -> SketchWalkConfig:
         """The config a layer selects with: cfg, at the layer's profile densities (one per
         selection group, `density` their mean) if it has them, with the estimator of its depth

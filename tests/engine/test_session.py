@@ -145,3 +145,18 @@ def test_sampled_depth_switches_the_first_layers_to_the_sampled_estimator():
     assert half == ["sampled", "sampled", "mean", "mean"]
     _, _, none = run(estimator="mean", sampled_depth=0.0)
     assert none == ["mean"] * 4
+
+
+def test_a_reconfigured_session_runs_its_layers_under_the_new_config():
+    """A session bound at prefill keeps its layers' configs: the decode-fidelity benchmark set
+    `cfg` alone, and every re-select rule ran the prefill config's (the same selections
+    reused whatever the rule asked)."""
+    from sketchwalk.benchmarks.decode_fidelity import compare
+
+    model = tiny_llama()
+    torch.manual_seed(0)
+    ids = torch.randint(0, 128, (1, 96))
+    cfg = SketchWalkConfig(block_size=16, density=0.5, decode_reselect=0, decode_reselect_span=0)
+    row = compare(model, ids, cfg, ["1", "0", "4"], 6)
+    assert row["1"]["reused"] == 0  # every token re-selects
+    assert row["0"]["reused"] > row["4"]["reused"] > 0  # at a block start; every 4th token
