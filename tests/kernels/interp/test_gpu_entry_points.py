@@ -97,11 +97,10 @@ class Traced:
     def _put_model(self, model) -> None:
         """The model's weights onto the "device", once the load under the trace is checked
         complete (a buffer left unloaded reads as whatever memory held: NaN now and then)."""
-        tensors = [*model.parameters(), *model.buffers()]
-        bad = [name for name, x in [*model.named_parameters(), *model.named_buffers()]
-               if x.is_floating_point() and not bool(x.isfinite().all())]  # fmt: skip
+        named = [*model.named_parameters(), *model.named_buffers()]
+        bad = [n for n, x in named if x.is_floating_point() and not bool(x.isfinite().all())]
         assert not bad, f"not finite after loading: {bad}"
-        self.trace.put(tensors)
+        self.trace.put([x for _, x in named])
 
     def __enter__(self) -> Traced:
         self.trace.__enter__()
