@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .sketch import all_on_host, pool_into
+from ..kernels.pooling import pool_into
+from .sketch import all_on_host
 
 
 def exact_block_mass(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sketchwalk.kernels.token_sketch import absorb_token, absorb_token_torch
+from sketchwalk.kernels import kernel
 
 from .clock import StageTimer
 from .config import SketchWalkConfig
@@ -248,10 +248,7 @@ def decode_absorb(
         views += (None if sk.k_sq is None else sk.k_sq.select(2, cur),)
         views += (sk.q_count.select(1, cur), sk.k_count.select(1, cur))
         q_tok, k_tok = q.select(2, 0), k_new.select(2, 0)
-        qs = absorb_token(q_tok, k_tok, srht.matrix, *views)
-        if qs is None:
-            qs = absorb_token_torch(q_tok, k_tok, srht.matrix, *views)
-        qs = qs[:, :, None]
+        qs = kernel("absorb_token", q.device)(q_tok, k_tok, srht.matrix, *views)[:, :, None]
     else:
         qs, ks = srht(q), srht(k_new)  # [B,H,1,r], [B,Hkv,1,r]
         new_valid = key_valid[:, -1:].float()  # [B, 1]

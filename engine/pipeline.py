@@ -23,7 +23,7 @@ from .select import (
     budget_masks,
     select_blocks,
 )
-from .sketch import SRHT, QueryTokens, SketchedBlocks, aggregate_heads, block_pool
+from .sketch import SRHT, QueryTokens, SketchedBlocks, aggregate_heads, block_pool, key_span
 from .step import StepMeta
 from .walk import walk
 
@@ -37,15 +37,6 @@ class Plan:
     selection: BlockSelection | None
     sketched: SketchedBlocks | None
     timings: dict[str, Duration] = field(default_factory=dict)  # ms (engine/clock.py)
-
-
-def key_span(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """First and one-past-last real position per sequence from a [B, L] validity mask."""
-    length = valid.shape[1]
-    pos = torch.arange(length, device=valid.device)
-    start = torch.where(valid, pos, length).min(dim=1).values
-    end = torch.where(valid, pos + 1, 0).max(dim=1).values
-    return start, end
 
 
 def sketch_blocks(

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sketchwalk.kernels import BlockLists, selected_block_mask
-from sketchwalk.kernels.block_lists import block_lists
+from sketchwalk.kernels import BlockLists, kernel, selected_block_mask
 
 
 @dataclass
@@ -241,7 +240,7 @@ def selection_from_mask(
     groups = keep.shape[1]
     count = keep.sum(-1, dtype=torch.int32)  # [B, G, nq]
     kmax = max(int(count.max().item()) if count.numel() else 1, 1)
-    index = block_lists(keep, kmax)
+    index = kernel("block_lists", keep.device)(keep, kmax)
     kept = (keep & cand[:, None]).sum()
     total = (cand.sum(-1) * rows).sum() * groups
     return BlockSelection(index, count, kept, total)

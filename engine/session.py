@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from sketchwalk.kernels import backend_for
+from sketchwalk.kernels import backend_for, use_backend
 
 from .clock import Duration, Stopwatch, now_ms
 from .config import SketchWalkConfig
@@ -172,6 +172,19 @@ class Session:
     # ---- the attention entry, one layer at a time ----
 
     def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        scale: float,
+    ) -> torch.Tensor:
+        """One layer's attention; every kernel it runs comes from this session's backend."""
+        with use_backend(self.kernel_backend):
+            return self._attend(layer, q, k, v, mask, scale)
+
+    def _attend(
         self,
         layer: int,
         q: torch.Tensor,

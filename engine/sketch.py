@@ -8,21 +8,16 @@ block logits into a causal, row-stochastic block transition matrix A.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from ..kernels.hadamard import srht_rows
+from ..kernels import kernel
+from ..kernels.pooling import kv_rows
 
 if TYPE_CHECKING:
     from .config import SketchWalkConfig
-
-# index_reduce_ is marked beta (a one-time UserWarning); its "amax" is what max pooling needs and
-# runs as fast as index_add_ on these shapes (scatter_reduce_ was ~20x slower)
-warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta")
-
 
 # rows [B, H, L] from which a sketch runs the fast transform in C (kernels/hadamard.py) rather than
 # the [d, r] product: the keys at 7k tokens (22k rows) 2.3 -> ~0.9 ms (its pooling included)
@@ -83,11 +78,9 @@ class SRHT:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Sketch the last dim: [..., d] -> [..., r] in fp32 (many rows [B, H, L, d] through the
-        fast transform in C where it applies)."""
+        backend's sketch_rows op: the fast transform in C on a CPU)."""
         if x.dim() == 4 and x.shape[:3].numel() >= _FAST_ROWS:
-            fast = self._fast(x)
-            if fast is not None:
-                return fast[0]
+            return self._rows(x)[0]
         return x.float() @ self.matrix
 
     def pooled(
@@ -95,20 +88,19 @@ class SRHT:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The sketch of x [B, H, L, d] and, per block of block_size rows over the valid ones
         (valid [B, L]; None: all), the sums of the sketched rows and of their squares [B, H, n, r]."""
-        fast = self._fast(x, block_size, valid)
-        if fast is not None:
-            return fast  # type: ignore[return-value]
-        xs = self(x)
-        return xs, block_pool(xs, block_size, valid)[0], block_pool(xs * xs, block_size, valid)[0]
+        return self._rows(x, block_size, valid)  # type: ignore[return-value]
 
-    def _fast(
+    def _rows(
         self, x: torch.Tensor, block_size: int = 0, valid: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
-        """kernels/hadamard.py srht_rows for this sketch (None where it does not apply)."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The backend's sketch_rows op (kernels/backends.py) for this sketch."""
         m, r = self.padded_dim, self.keep.shape[0]
         weights = None if valid is None or bool(valid.all()) else valid
         keep = None if r == m else self.keep
-        return srht_rows(x, self.signs, keep, self.scale / math.sqrt(m), block_size, weights)
+        sketch_rows = kernel("sketch_rows", x.device)
+        return sketch_rows(
+            x, self.matrix, self.signs, keep, self.scale / math.sqrt(m), block_size, weights
+        )
 
 
 def make_srht(dim: int, sketch_dim: int, seed: int, layer: int) -> SRHT:
@@ -126,6 +118,15 @@ def all_on_host(x: torch.Tensor) -> bool:
     """x.all(), asked only where the answer is free (a CPU tensor). On a GPU the question is a
     host round trip per layer, and the masked work it would skip one cheap pass: False there."""
     return x.device.type == "cpu" and bool(x.all())
+
+
+def key_span(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and one-past-last real position per sequence from a [B, L] validity mask."""
+    length = valid.shape[1]
+    pos = torch.arange(length, device=valid.device)
+    start = torch.where(valid, pos, length).min(dim=1).values
+    end = torch.where(valid, pos + 1, 0).max(dim=1).values
+    return start, end
 
 
 def block_pool(
@@ -177,13 +178,6 @@ def group_queries(q: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
     return q.view(bsz, n_kv_heads, h // n_kv_heads, *q.shape[2:])
 
 
-def kv_rows(q: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
-    """[B, H, L, r] -> [B, Hkv, (H/Hkv) L, r]: the query heads of a KV head as rows of one matrix,
-    so one matmul per KV head scores them all; a broadcast matmul over group_queries would copy
-    the keys once per query head (at 7k tokens in decode that copy cost more than the product)."""
-    return q.reshape(q.shape[0], n_kv_heads, -1, q.shape[-1])
-
-
 def block_logits(qs: torch.Tensor, ks: torch.Tensor, dim: int, tau: float) -> torch.Tensor:
     """Sketched block logits [B, Hkv, G, nq, nk] from qs [B, H, nq, r] and ks [B, Hkv, nk, r]."""
     bsz, hkv, nk = ks.shape[0], ks.shape[1], ks.shape[2]
@@ -213,44 +207,6 @@ def causal_block_softmax(
     return probs
 
 
-def pool_into(
-    out: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, pool: str
-) -> torch.Tensor:
-    """Pool the slices of src into out along dim at index, in place: summed (pool "mean"; the
-    caller divides by the counts) or their running max (pool "max"; out starts at 0 for
-    masses, or at -inf). index: rows of a host tensor (its runs are read on the host; a device
-    tensor costs a copy)."""
-    index = index.cpu()
-    run = _run_length(index)
-    if run:  # runs of `run` slices per index, in order: a reshape, not a scatter (~2x faster)
-        length, first = index.numel(), int(index[0])
-        whole = length // run * run
-        for s in range(0, length, whole):  # the whole runs, then a shorter last one if any
-            e = min(length, s + whole)
-            x = src.narrow(dim, s, e - s).unflatten(dim, (-1, min(run, e - s)))
-            o = out.narrow(dim, first + s // run, x.shape[dim])
-            if pool == "max":
-                torch.maximum(o, x.amax(dim + 1), out=o)
-            else:
-                o.add_(x.sum(dim + 1))
-        return out
-    index = index.to(out.device)
-    if pool == "max":
-        return out.index_reduce_(dim, index, src, "amax")
-    return out.index_add_(dim, index, src)
-
-
-def _run_length(index: torch.Tensor) -> int:
-    """k where index [L] is index[0] + (0, .., 0, 1, .., 1, ...) in runs of k (the last may be
-    shorter), as evenly sampled queries give their rows; 0 otherwise."""
-    length = index.numel()
-    if length < 2:
-        return 0
-    k = int(torch.searchsorted(index, index[0] + 1))  # the first run's length
-    expect = index[0] + torch.arange(length) // max(k, 1)
-    return k if 0 < k < length and torch.equal(index, expect) else 0
-
-
 def aggregate_heads(probs: torch.Tensor, per_group: bool, pool: str = "mean") -> torch.Tensor:
     """Pool per-head block distributions [B, Hkv, G, nq, nk] into [B, groups, nq, nk], rows
     summing to 1: the heads' mean mass, or (pool "max") each block's largest over the heads.
@@ -273,14 +229,6 @@ def key_summary(
     if k_sq is None:
         return km, None
     return km, (block_means(k_sq, k_count) - km * km).clamp(min=0.0)
-
-
-def mean_per_row(sums: torch.Tensor, row: torch.Tensor, q_valid: torch.Tensor) -> torch.Tensor:
-    """Sums [B, Hkv, G, R, n] over scored queries -> their mean per row; row [L] is each query's
-    row, q_valid [B, L] its realness (rows without a real scored query stay zero)."""
-    count = torch.zeros(sums.shape[0], sums.shape[3], device=sums.device)
-    count.index_add_(1, row, q_valid.float())
-    return sums / count.clamp(min=1.0)[:, None, None, :, None]
 
 
 def sample_positions(length: int, block_size: int, samples: int, offset: int = 0) -> torch.Tensor:

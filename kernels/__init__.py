@@ -25,7 +25,9 @@ else:
         backend_for,
         block_sparse_attention,
         choose_backend,
+        kernel,
         limits_error,
+        use_backend,
     )
     from .lists import BlockLists, dense_lists
     from .reference import block_sparse_attention_reference, selected_block_mask
@@ -43,6 +45,8 @@ else:
         "block_sparse_attention_reference",
         "choose_backend",
         "dense_lists",
+        "kernel",
         "limits_error",
         "selected_block_mask",
+        "use_backend",
     ]

@@ -1,18 +1,26 @@
-"""The backends behind block_sparse_attention: one registry line each, with their limits.
+"""The one kernel seam: every kernel the engine runs, per backend, one registry line each.
 
-A backend is a module with a function of the BlockSparseAttention signature (and, where it keeps
-state across decode steps, a DecodeKeeper). Which one runs: the caller's choice, else
+A backend names a function for each op (OPS): block-sparse attention (`attend`, the
+BlockSparseAttention signature, and, where it keeps state across decode steps, a DecodeKeeper),
+the sampled estimator's block mass, its per-row softmax sums, the Hadamard sketch of many rows,
+kept masks as index lists, and a decode token into the sketch's sums. An op a backend does not
+name is the device's automatic backend's (flex names attention only). Which backend runs: the
+caller's argument, else the one bound with `use_backend` (a session binds its own), else
 SKETCHWALK_KERNEL, else by device: Triton on CUDA (and on CPU tensors under TRITON_INTERPRET=1),
-the CPU kernels otherwise. Limits are declared here and checked when a run is asked for
-(engine/request.py), not late inside a kernel after the model has loaded.
+the CPU kernels otherwise. The reference backend is plain torch for every op. Limits are
+declared here and checked when a run is asked for (engine/request.py), not late inside a kernel
+after the model has loaded.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -74,15 +82,37 @@ class BackendLimits:
         return None
 
 
+# The ops every automatic backend names, with their contracts (the reference functions):
+OPS = (
+    "attend",  # reference.py block_sparse_attention_reference
+    "block_mass",  # block_mass_reference.py pooled_block_mass_reference: [B, Hkv, R, n]
+    "block_softmax",  # block_softmax.py block_softmax_sums_reference: scores -> per-block mass
+    "sketch_rows",  # hadamard.py srht_rows_reference: x @ matrix with block sums and squares
+    "block_lists",  # block_lists.py block_lists_reference: kept mask -> sorted index lists
+    "absorb_token",  # token_sketch.py absorb_token_torch: one decode token into the sums
+)
+
+_TORCH_OPS = (
+    ("block_mass", "cpu_block_mass:pooled_block_mass_torch"),
+    ("block_softmax", "block_softmax:block_softmax_sums_reference"),
+    ("sketch_rows", "hadamard:srht_rows_torch"),
+    ("block_lists", "block_lists:block_lists_reference"),
+    ("absorb_token", "token_sketch:absorb_token_torch"),
+)
+
+
 @dataclass(frozen=True)
 class Backend:
-    """name; attend: "module:function" of its BlockSparseAttention (imported on first use, so
-    Triton loads only when asked); decode: "module:object" of its DecodeKeeper, if any."""
+    """name; attend_at: "module:function" of its BlockSparseAttention (imported on first use, so
+    Triton loads only when asked); decode_at: "module:object" of its DecodeKeeper, if any;
+    ops_at: ("op", "module:function") for its other ops (OPS); an op it does not name is the
+    device's automatic backend's."""
 
     name: str
     attend_at: str
     limits: BackendLimits = BackendLimits()
     decode_at: str | None = None
+    ops_at: tuple[tuple[str, str], ...] = ()
 
     @property
     def attend(self) -> BlockSparseAttention:
@@ -91,6 +121,12 @@ class Backend:
     @property
     def decode(self) -> DecodeKeeper | None:
         return None if self.decode_at is None else _load(self.decode_at)
+
+    def op_at(self, op: str) -> str | None:
+        """Where this backend's function for `op` lives, or None where it takes the device's."""
+        if op == "attend":
+            return self.attend_at
+        return dict(self.ops_at).get(op)
 
 
 def _load(where: str):
@@ -101,13 +137,28 @@ def _load(where: str):
 REGISTRY: dict[str, Backend] = {
     b.name: b
     for b in (
-        Backend("reference", "reference:block_sparse_attention_reference"),
-        Backend("cpu", "cpu:block_sparse_attention_cpu", decode_at="decode_cache:KEEPER"),
-        # the Triton kernels (attention and the sampled estimator) tile key blocks in powers of 2
+        # plain torch for every op: what the other backends are tested against
+        Backend("reference", "reference:block_sparse_attention_reference", ops_at=_TORCH_OPS),
+        # C kernels (kernels/*.c, built on first use; torch where they do not apply)
+        Backend(
+            "cpu",
+            "cpu:block_sparse_attention_cpu",
+            decode_at="decode_cache:KEEPER",
+            ops_at=(
+                ("block_mass", "cpu_block_mass:pooled_block_mass_cpu"),
+                ("block_softmax", "cpu_block_mass:row_block_mass"),
+                ("sketch_rows", "hadamard:srht_rows_cpu"),
+                ("block_lists", "block_lists:block_lists"),
+                ("absorb_token", "token_sketch:absorb_token_cpu"),
+            ),
+        ),
+        # the Triton kernels (attention and the sampled estimator) tile key blocks in powers of
+        # 2; the small ops run in torch on the GPU
         Backend(
             "triton",
             "triton_dispatch:block_sparse_attention_triton",
             BackendLimits(min_block=16, power_of_two=True),
+            ops_at=(("block_mass", "triton_block_mass:pooled_block_mass_triton"),) + _TORCH_OPS[1:],
         ),
         # PyTorch's FlexAttention on the same lists (prefill; decode takes the device's kernel)
         Backend("flex", "flex:block_sparse_attention_flex", BackendLimits(16, True)),
@@ -115,10 +166,40 @@ REGISTRY: dict[str, Backend] = {
 }
 BACKENDS = ("auto", *REGISTRY)
 
+_BOUND: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "sketchwalk_kernel_backend", default=None
+)
+
+
+@contextlib.contextmanager
+def use_backend(name: str | None) -> Iterator[None]:
+    """Within this block, kernels on every device come from backend `name` (None: unchanged);
+    a session binds its kernel_backend here for the length of its run."""
+    if name is not None and name not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    token = _BOUND.set(name if name is not None else _BOUND.get())
+    try:
+        yield
+    finally:
+        _BOUND.reset(token)
+
+
+def kernel(op: str, device: torch.device | str, backend: str | None = None) -> Callable[..., Any]:
+    """The function that runs `op` (OPS) on `device` for `backend` (else the bound one, else
+    SKETCHWALK_KERNEL, else by device)."""
+    if op not in OPS:
+        raise ValueError(f"unknown kernel op {op!r}; choose one of {', '.join(OPS)}")
+    name = choose_backend(device, backend)
+    at = REGISTRY[name].op_at(op)
+    if at is None:  # not this backend's own: the device's automatic backend runs it
+        at = REGISTRY[choose_backend(device, "auto")].op_at(op)
+    return _load(at)
+
 
 def choose_backend(device: torch.device | str, backend: str | None = None) -> str:
-    """The backend name for tensors on `device`: `backend`, else SKETCHWALK_KERNEL, else auto."""
-    backend = backend or os.environ.get("SKETCHWALK_KERNEL", "auto")
+    """The backend name for tensors on `device`: `backend`, else the one bound (use_backend),
+    else SKETCHWALK_KERNEL, else auto."""
+    backend = backend or _BOUND.get() or os.environ.get("SKETCHWALK_KERNEL", "auto")
     if backend not in BACKENDS:
         raise ValueError(f"unknown kernel backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     if backend != "auto":

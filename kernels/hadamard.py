@@ -92,3 +92,34 @@ def srht_rows(
     else:
         run(0, 1)
     return y, sums, squares
+
+
+def srht_rows_torch(
+    x: torch.Tensor,
+    matrix: torch.Tensor,
+    signs: torch.Tensor,
+    keep: torch.Tensor | None,
+    factor: float,
+    block_size: int = 0,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The backends' sketch_rows op in torch: x [B, H, L, d] through the sketch's [d, r] matrix
+    (the same map as signs, keep and factor), with its block sums and squares."""
+    return srht_rows_reference(x, matrix.to(x.device), block_size, weights)
+
+
+def srht_rows_cpu(
+    x: torch.Tensor,
+    matrix: torch.Tensor,
+    signs: torch.Tensor,
+    keep: torch.Tensor | None,
+    factor: float,
+    block_size: int = 0,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The backends' sketch_rows op on a CPU: the fast transform in C where it applies, else
+    srht_rows_torch."""
+    fast = srht_rows(x, signs, keep, factor, block_size, weights)
+    if fast is not None:
+        return fast
+    return srht_rows_torch(x, matrix, signs, keep, factor, block_size, weights)

@@ -63,3 +63,20 @@ def absorb_token(
         k_count.stride(0), out.data_ptr(),
     )  # fmt: skip
     return out
+
+
+def absorb_token_cpu(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    matrix: torch.Tensor,
+    q_sum: torch.Tensor,
+    k_sum: torch.Tensor,
+    k_sq: torch.Tensor | None,
+    q_count: torch.Tensor,
+    k_count: torch.Tensor,
+) -> torch.Tensor:
+    """The backends' absorb_token op on a CPU: one C call where it applies, else the torch twin."""
+    out = absorb_token(q, k, matrix, q_sum, k_sum, k_sq, q_count, k_count)
+    if out is None:
+        out = absorb_token_torch(q, k, matrix, q_sum, k_sum, k_sq, q_count, k_count)
+    return out

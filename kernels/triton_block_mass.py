@@ -156,7 +156,7 @@ def _kernel(kernel, device: torch.device):
         if not isinstance(kernel, InterpretedFunction):
             raise RuntimeError(
                 "Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before triton is "
-                "imported; use engine.estimators.sampled.sampled_block_mass otherwise"
+                "imported; use kernels.cpu_block_mass otherwise"
             )
     return kernel
 
@@ -188,7 +188,7 @@ def pooled_block_mass_triton(
     block_rows: int | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
-    """engine/estimators/sampled.py sampled_block_mass pooled over each KV head's G query heads (amax for
+    """kernels/cpu_block_mass.py sampled_block_mass pooled over each KV head's G query heads (amax for
     pool "max", sum for "mean"), before row normalisation: float32 [B, Hkv, R, n] for the query
     blocks pos[0] // b .. pos[-1] // b and key blocks 0 .. ceil(Lk / b) - 1; contract and maths
     as kernels/block_mass_reference.py pooled_block_mass_reference (k_valid: one span of real

@@ -14,13 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..sketch import (
-    QueryTokens,
-    SketchedBlocks,
-    key_summary,
-    mean_per_row,
-    pool_into,
-)
+from ...kernels.pooling import mean_per_row, pool_into
+from ..sketch import QueryTokens, SketchedBlocks, key_summary
 from . import mean
 from .base import DecodeInputs, Estimator, window_mass
 from .gaussian import token_block_logits

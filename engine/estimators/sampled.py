@@ -4,49 +4,27 @@ The block-mean and Gaussian summaries miss single keys that stand out inside a b
 attention of a copying head lands on one token). Scoring a few queries per block against every
 sketched key sees them: the block mass of those queries is exact in the sketched space, and
 neighbouring queries attend alike, so a block's sampled queries stand for all of its queries.
-Cost: (samples / b) of the dense score matrix, without the value product. On CPU float32 the
-scores and block mass are one C call (kernels/block_softmax.py), on CUDA one Triton launch
-(kernels/triton_block_mass.py); the torch path chunks queries by cache size. Without every
-sketched key (queries after a cache) it is the query estimator.
+Cost: (samples / b) of the dense score matrix, without the value product. The block mass is the
+kernel backend's block_mass op (kernels/backends.py: C on CPU, one Triton launch on a GPU, plain
+torch on the reference backend). Without every sketched key (queries after a cache) it is the
+query estimator.
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
 
-from sketchwalk.kernels import choose_backend
-
-from ...kernels.block_softmax import block_softmax_sums, pack_keys, scored_block_mass
-from ...kernels.native import library
-from ...kernels.parts import run_in_parts, workers
+from ...kernels import kernel
+from ...kernels.pooling import kv_rows
 from ..score_basis import in_score_basis
-from ..sketch import SRHT, QueryTokens, SketchedBlocks, kv_rows, mean_per_row, pool_into
+from ..sketch import SRHT, QueryTokens, SketchedBlocks, key_span
 from . import query
 from .base import DecodeInputs, Estimator
 
 if TYPE_CHECKING:
     from ..config import SketchWalkConfig
-
-# A chunk scores its queries against the keys up to its last query: the keys past each earlier
-# query are computed and masked, on average half the chunk's span per query. At short contexts
-# the element budget alone made chunks span a fifth of the keys (2048 tokens: ~20% wasted); with
-# spans capped at lk / 16 the estimator ran 1.2-1.8x faster at 1-2k tokens, the same from 4k on.
-_CHUNK_SPAN = 16
-
-
-_SCORE_ELEMS = 1 << 21  # scores per chunk of the torch product: measured best here
-
-
-# The fused kernel writes block masses, not scores, and scores each tile of rows only up to its
-# own causal end, so its chunks need no span cap: at most this many masses (16 MB) a chunk, at
-# 7376 tokens one call per core instead of ~30 calls of ~30 queries.
-_FUSED_ELEMS = 1 << 22
-
-
-_PART_QUERIES = 32  # scored queries a thread must get to be worth starting
 
 
 def score_dtype(name: str, device: torch.device | str) -> torch.dtype:
@@ -62,149 +40,36 @@ def score_dtype(name: str, device: torch.device | str) -> torch.dtype:
     return torch.bfloat16 if native is not None and native() else torch.float32
 
 
-def _chunk_queries(pos: torch.Tensor, lk: int, row_elems: int, chunk_elems: int) -> int:
-    """Queries per chunk: at most chunk_elems score elements (row_elems per query), and
-    spanning at most lk / _CHUNK_SPAN positions, but never fewer than 16 queries (each chunk
-    costs a dozen small ops)."""
-    step = max(1, chunk_elems // max(row_elems, 1))
-    if pos.numel() > 1:
-        per_token = pos.numel() / (int(pos[-1]) - int(pos[0]) + 1)
-        step = min(step, max(16, int(lk / _CHUNK_SPAN * per_token)))
-    return step
-
-
-def sampled_block_mass(
+def current_row_mass(
     qs: torch.Tensor,
-    q_valid: torch.Tensor,
-    pos: torch.Tensor,
     ks: torch.Tensor,
-    k_valid: torch.Tensor,
     block_size: int,
     dim: int,
     tau: float,
-    chunk_elems: int | None = None,
     pool: str = "mean",
-    dtype: torch.dtype = torch.float32,
+    key_valid: torch.Tensor | None = None,
+    q_valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Block mass [B, Hkv, G, R, n] for the query blocks pos[0] // b .. pos[-1] // b from the
-    sketched queries qs [B, H, S, r] at ascending positions pos [S] (q_valid [B, S]) against the
-    sketched keys ks [B, Hkv, Lk, r] at positions 0 .. Lk - 1 (k_valid [B, Lk], one span of
-    real keys per sequence, as padding makes it); each query sees
-    the real keys up to itself, a row's estimate is the mean over its scored queries, or with
-    pool "max" each key block's largest mass among them (padding queries count as 0). dtype:
-    of the score product (score_dtype); the softmax and the masses are float32. chunk_elems:
-    what one pass over a chunk of queries may hold (scores, or the fused kernel's block masses;
-    None: the measured defaults below)."""
-    bsz, h, length, r = qs.shape
-    hkv, lk = ks.shape[1], ks.shape[2]
-    gh, b = h // hkv, block_size
-    n = -(-lk // b)
-    c = dim**-0.5 / tau
-    blk_host = pos.cpu() // b  # positions are host values: their blocks sized without a sync
-    pos = pos.to(qs.device)
-    blk_all = pos // b
-    j0 = int(blk_host[0])
-    rows = int(blk_host[-1]) - j0 + 1
-    out = torch.zeros(bsz, hkv, gh, rows, n, device=qs.device)
-    # float32 on CPU: scores and block mass in one C call over keys packed in panels
-    # (kernels/block_softmax.py scored_block_mass: a layer's estimate 1.5x faster at 7k tokens
-    # than the product and the C softmax apart). Otherwise [B, Hkv, r, Lk], contiguous: a
-    # bfloat16 product over a key prefix of the transposed view copied the keys in every chunk
-    # (~1.7x slower)
-    fused = dtype == torch.float32 and qs.device.type == "cpu" and library() is not None
-    if fused:
-        keys = pack_keys(ks)
-    else:
-        keys = ks.transpose(-1, -2).to(dtype, memory_format=torch.contiguous_format)
-    # each sequence's real keys are one span (left or right padding): a query at p sees
-    # start .. min(p + 1, end) - 1
-    at = torch.arange(lk, device=qs.device)
-    start = torch.where(k_valid, at, lk).amin(1).view(bsz, 1, 1)
-    end = torch.where(k_valid, at + 1, 0).amax(1).view(bsz, 1, 1)
-    if fused:  # bounded by its output alone: every row tile's keys end at its own queries
-        step = max(1, (chunk_elems or _FUSED_ELEMS) // max(h * n * bsz, 1))
-    else:
-        step = _chunk_queries(pos, lk, h * lk * bsz, chunk_elems or _SCORE_ELEMS)
-
-    def score(s0: int, s1: int) -> None:
-        """Queries s0 .. s1 - 1, chunk by chunk, into their rows of out. The torch product
-        writes into one buffer per part, sized for the longest chunk: chunks score ever more
-        keys, and a fresh, larger block per chunk is rarely reused by the heap."""
-        buf = None
-        if not fused:
-            buf = torch.empty(bsz * hkv * gh * step * lk, dtype=dtype, device=qs.device)
-        for s in range(s0, s1, step):
-            chunk(s, min(s1, s + step), buf)
-
-    # the torch product's key widths rounded up to a few sizes: every distinct width was a new
-    # oneDNN bfloat16 primitive (kept in its cache, with its own scratch), and at 64k tokens a
-    # layer's ~1000 chunks held 3.2 GB that way; the extra keys are masked like any future key
-    span = max(b, -(-lk // (_CHUNK_SPAN * b)) * b)
-
-    def chunk(s: int, e: int, buf: torch.Tensor | None = None) -> None:
-        p = pos[s:e]
-        kend = int(p[-1]) + 1  # no query of this chunk sees past itself
-        if not fused:
-            kend = min(lk, -(-kend // span) * span)
-        nkc = -(-kend // b)
-        qg = kv_rows(qs[:, :, s:e] * c, hkv).to(dtype)
-        # the softmax over each row's visible keys, summed per key block (kernels/block_softmax:
-        # in C on CPU, without writing the probabilities: ~half the estimator's time in torch)
-        hi = torch.minimum((p + 1).repeat(gh)[None, None], end)
-        if fused:
-            mass = scored_block_mass(qg, keys, start, hi, b, min(kend, lk))
-        else:
-            kk = keys[..., : min(kend, lk)]
-            shape = (*qg.shape[:-1], kk.shape[-1])  # [B, Hkv, G * c, kend]
-            scores = torch.matmul(qg, kk, out=buf[: math.prod(shape)].view(shape))
-            mass = block_softmax_sums(scores, start, hi, b)
-        mass = mass.view(bsz, hkv, gh, e - s, nkc)
-        if not bool(q_valid[:, s:e].all()):
-            mass.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)  # padding queries
-        pool_into(out[..., :nkc], 3, p // b - j0, mass, pool)
-
-    # on CPU, one part per core (kernels/parts.py: at 7k tokens 1.6x faster than every op on
-    # both cores); parts end at query blocks, so they add into disjoint rows of out
-    on_cpu = qs.device.type == "cpu"
-    cuts = _cuts_by_work(pos, b, workers(), _PART_QUERIES) if on_cpu else [0, length]
-    if len(cuts) > 2:
-        run_in_parts(score, cuts)
-    else:
-        score(0, length)
-    return out if pool == "max" else mean_per_row(out, blk_all - j0, q_valid)
-
-
-def _cuts_by_work(pos: torch.Tensor, b: int, parts: int, min_len: int) -> list[int]:
-    """Bounds [0, ..., L] cutting L ascending query positions into `parts` runs of about equal
-    causal work (a query at p scores p + 1 keys), each ending at a query block; [0, L] when a
-    part would be shorter than min_len queries."""
-    length = pos.numel()
-    if parts < 2 or length < parts * min_len:
-        return [0, length]
-    work = (pos.cpu().double() + 1).cumsum(0)
-    blk = pos.cpu() // b
-    starts = torch.nonzero(blk[1:] != blk[:-1]).squeeze(1) + 1  # first query of each block
-    want = torch.searchsorted(work, work[-1] * torch.arange(1, parts) / parts)
-    at = torch.searchsorted(starts, want)
-    cuts = [int(starts[i]) for i in at.tolist() if i < starts.numel()]
-    return sorted({0, length, *cuts})
-
-
-def current_row_mass(
-    qs: torch.Tensor, ks: torch.Tensor, block_size: int, dim: int, tau: float, pool: str = "mean"
-) -> torch.Tensor:
-    """sampled_block_mass for decode's one row when every key is real: the queries qs [B, H, s, r]
-    all stand for the newest position, so each sees every key in ks [B, Hkv, Lk, r]; their block
-    masses [B, Hkv, G, 1, n] are averaged (pool "max": their largest per block). No causal
-    mask and no per-row scatter: at 7k tokens the generic path spent a quarter of its time
-    filling a padded copy of the scores."""
+    """Decode's one row: the queries qs [B, H, s, r] all stand for the newest position, so each
+    sees every real key of ks [B, Hkv, Lk, r] (key_valid [B, Lk], one span per sequence; None:
+    all real); their block masses [B, Hkv, G, 1, n] are averaged over the real ones (q_valid
+    [B, s]; None: all), or with pool "max" each block's largest. No causal mask and no per-row
+    scatter: at 7k tokens a per-row path spent a quarter of its time filling a padded copy of
+    the scores. The softmax sums are the backend's block_softmax op (kernels/backends.py)."""
     bsz, h, s = ks.shape[0], qs.shape[1], qs.shape[2]
     hkv, lk = ks.shape[1], ks.shape[2]
     gh, b = h // hkv, block_size
+    lo, hi = (0, lk) if key_valid is None else (x.view(bsz, 1, 1) for x in key_span(key_valid))
     qg = kv_rows(qs * (dim**-0.5 / tau), hkv)
-    mass = block_softmax_sums(qg @ ks.transpose(-1, -2), 0, lk, b)  # [B, Hkv, G*s, n]
+    softmax_sums = kernel("block_softmax", qs.device)
+    mass = softmax_sums(qg @ ks.transpose(-1, -2), lo, hi, b)  # [B, Hkv, G*s, n]
     mass = mass.view(bsz, hkv, gh, s, -1)
-    return mass.amax(3, keepdim=True) if pool == "max" else mass.mean(3, keepdim=True)
+    if q_valid is not None:
+        mass = mass * q_valid[:, None, None, :, None]
+    if pool == "max":
+        return mass.amax(3, keepdim=True)
+    real = s if q_valid is None else q_valid.sum(1).clamp(min=1).view(bsz, 1, 1, 1, 1)
+    return mass.sum(3, keepdim=True) / real
 
 
 def decode_sampled_mass(
@@ -221,20 +86,17 @@ def decode_sampled_mass(
     stand for the current row), their block masses pooled (cfg.pool). The window holds sketched
     queries S q; (S q) S^T scored against raw keys is the sketched inner product (S q).(S k) for
     any r, so the cache is never sketched. Cost: samples x H x T x d, once per fresh selection
-    (with decode_reselect 0: once per key block). all_valid: no padding, so the one-row path
-    (current_row_mass) applies."""
+    (with decode_reselect 0: once per key block). all_valid: no padding (no masks to apply)."""
     lk = keys.shape[2]
     s = cfg.query_samples or window.shape[2]
     qs = window[:, :, -s:] @ srht.matrix.T  # [B, H, s, d]
     s = qs.shape[2]
     if all_valid:
         return current_row_mass(qs, keys.float(), cfg.block_size, dim, cfg.tau, cfg.pool)
-    pos = torch.full((s,), lk - 1, dtype=torch.long, device=keys.device)
     q_valid = key_valid[:, lk - s :].bool()  # the window's queries are the last s tokens
-    return sampled_block_mass(
-        qs, q_valid, pos, keys.float(), key_valid.bool(), cfg.block_size, dim, cfg.tau,
-        pool=cfg.pool,
-    )  # fmt: skip
+    return current_row_mass(
+        qs, keys.float(), cfg.block_size, dim, cfg.tau, cfg.pool, key_valid.bool(), q_valid
+    )
 
 
 def prefill(
@@ -250,18 +112,12 @@ def prefill(
         tokens.qs, tokens.valid, tokens.keys, tokens.key_valid, cfg.score_rank
     )
     dtype = score_dtype(cfg.score_dtype, qs.device)
-    if choose_backend(qs.device) == "triton":  # a GPU (or its interpreter): one launch
-        from sketchwalk.kernels.triton_block_mass import pooled_block_mass_triton
-
-        pooled = pooled_block_mass_triton(
-            qs, tokens.valid, tokens.pos, keys, tokens.key_valid, cfg.block_size, dim,
-            cfg.tau, cfg.pool, dtype,
-        )  # fmt: skip
-        return pooled[:, :, None]  # its query heads pooled already: one head per KV head
-    return sampled_block_mass(
+    block_mass = kernel("block_mass", qs.device)  # C on CPU, one Triton launch on a GPU
+    pooled = block_mass(
         qs, tokens.valid, tokens.pos, keys, tokens.key_valid, cfg.block_size, dim, cfg.tau,
-        pool=cfg.pool, dtype=dtype,
+        cfg.pool, dtype,
     )  # fmt: skip
+    return pooled[:, :, None]  # its query heads pooled already: one head per KV head
 
 
 def decode(x: DecodeInputs) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The fused Triton estimator (interpreter) against its torch reference and the engine's CPU path.
 
-The engine takes this kernel on CUDA (engine/pipeline.py transition), so it must give the same
-pooled block mass as engine/estimators/sampled.py sampled_block_mass pooled over each KV head's query heads.
+The triton backend's block_mass op (kernels/backends.py), so it must give the same pooled block
+mass as the cpu backend's (kernels/cpu_block_mass.py pooled_block_mass_cpu).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import zlib
 import pytest
 import torch
 
-from sketchwalk.engine.estimators.sampled import sampled_block_mass
+from sketchwalk.kernels.cpu_block_mass import pooled_block_mass_cpu
 from sketchwalk.engine.sketch import sample_positions
 from sketchwalk.kernels.block_mass_reference import pooled_block_mass_reference
 from sketchwalk.kernels.triton_block_mass import pooled_block_mass_triton
@@ -46,8 +46,7 @@ def test_kernel_matches_reference_and_engine(shape, pool):
     args = (qs, q_valid, pos, ks, k_valid, b, 64, 1.0, pool)
     got = pooled_block_mass_triton(*args, torch.float32, block_rows=16, block_n=32)
     ref = pooled_block_mass_reference(*args, torch.float32)
-    engine = sampled_block_mass(*args[:8], pool=pool)
-    engine = engine.amax(2) if pool == "max" else engine.sum(2)
+    engine = pooled_block_mass_cpu(*args, torch.float32)
     assert got.shape == ref.shape == engine.shape
     assert torch.isfinite(got).all()
     assert (got - ref).abs().max() < 1e-5
