@@ -11,9 +11,9 @@ import zlib
 import pytest
 import torch
 
-from sketchwalk.kernels.cpu_block_mass import pooled_block_mass_cpu
 from sketchwalk.engine.sketch import sample_positions
 from sketchwalk.kernels.block_mass_reference import pooled_block_mass_reference
+from sketchwalk.kernels.cpu_block_mass import pooled_block_mass_cpu
 from sketchwalk.kernels.triton_block_mass import pooled_block_mass_triton
 
 # (batch, heads, kv_heads, length, r, block, samples, padding)
