@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from run_helpers import new_app
 
 from sketchwalk.store import open_store
@@ -36,3 +37,78 @@ def test_compare_explains_a_token_of_the_run_switched_to(app_env):
     assert any(f"Token t{box.value}:" in i.value for i in at.info) or any(
         "nothing was dropped" in i.value for i in at.info
     )
+
+
+def _timed(prefill: tuple[tuple[float, float], ...], attn_share: float = 0.5) -> dict:
+    """Clean timings of passes given as (dense ms, sparse ms): the medians of the times and the
+    median of the ratios differ on purpose."""
+    from sketchwalk.engine.runner import median_timings
+
+    runs = [
+        {
+            "clean_dense_prefill_ms": d,
+            "clean_sparse_prefill_ms": s,
+            "clean_dense_attention_ms": d * attn_share,
+            "clean_sparse_attention_ms": 10.0,
+            "clean_sparse_selection_ms": 1.0,
+        }
+        for d, s in prefill
+    ]
+    return median_timings(runs)
+
+
+def _save(store, timings: dict, **config) -> str:
+    from known_runs import known_result
+
+    res = known_result()
+    res.config = {**res.config, **config}
+    res.timings = timings
+    res.metrics = {**res.metrics, "density_achieved": res.config["density"]}
+    rid = store.create_run({"prompt": res.prompt, "config": res.config}, status="running")
+    store.save_result(rid, res)
+    return rid
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    url = str(tmp_path / "fresh.duckdb")
+    monkeypatch.setenv("SKETCHWALK_DB", url)
+    monkeypatch.setenv("SKETCHWALK_APP_WORKER", "0")
+    return url
+
+
+def test_one_speed_number_per_run_on_every_page(fresh):
+    # ratios 1.0, 1.5, 1.25 -> median 1.25, range 1.00-1.50; medians of the times 1000/800 = 1.25
+    # would agree by chance, so the times are skewed: median dense 1000, median sparse 900
+    t = _timed(((1000.0, 1000.0), (3000.0, 2000.0), (1125.0, 900.0)))
+    from sketchwalk.app import speed_numbers
+
+    m = speed_numbers.clean_speedup(t, "prefill")
+    assert m.text() == "1.25× (1.00–1.50)"
+    assert round(1000.0 / 900.0, 2) != 1.25  # the old headline's ratio of medians
+    with open_store(fresh) as store:
+        rid = _save(store, t, density=0.2)
+        _save(store, t, density=0.3)
+        other = _save(store, t, density=0.4, block_size=8)  # another setting: not on the line
+        _save(store, {}, density=0.5)  # no clean pass: not on the line either
+    at = _page(new_app().run(), "explore", rid)
+    verdict = next(x.value for x in at.metric if x.label.startswith("Prefill speed"))
+    _page(at, "speed", rid)
+    head = next(x.value for x in at.metric if x.label == "Prefill, whole model")
+    assert verdict == head == "1.25× (1.00–1.50)"
+    table = next(d.value for d in at.dataframe if "Clean prefill range ×" in d.value.columns)
+    assert list(table["Target density"]) == ["0.2", "0.3"]  # the comparable runs only
+    assert set(table["Clean prefill speed-up ×"]) == {"1.25"}
+    assert set(table["Clean prefill range ×"]) == {"1.00–1.50×"}
+    assert "None" not in table.to_string() and "nan" not in table.to_string()
+    left = " ".join(c.value for c in at.caption if c.value.startswith("Left out"))
+    assert other[:8] in left and "block_size 8" in left and "no clean pass" in left
+
+
+def test_a_speed_headline_above_its_ceiling_gets_a_noise_note(fresh):
+    # attention is 10% of the dense prefill: at density 0.2 at most 1/(1-0.1*0.8) = 1.09x
+    t = _timed(((1000.0, 500.0), (1000.0, 480.0), (1000.0, 520.0)), attn_share=0.1)
+    with open_store(fresh) as store:
+        rid = _save(store, t, density=0.2)
+    at = _page(new_app().run(), "speed", rid)
+    assert any("Prefill measured 2.00×" in w.value and "noise" in w.value for w in at.warning)
