@@ -24,6 +24,11 @@ INITIAL = {
     "nr_clean_timing": True,
     **knob_widgets.initial_state("default"),
 }
+# Streamlit drops a widget's value once a run goes by without that widget (another page, or a
+# fragment rerun there), so the form keeps a copy under a key no widget owns and restores it.
+SAVED = "form_new_run"
+for _key, _value in st.session_state.get(SAVED, {}).items():
+    st.session_state.setdefault(_key, _value)
 for _key, _value in INITIAL.items():  # defaults via session state: kept across page switches
     st.session_state.setdefault(_key, _value)
 
@@ -114,6 +119,12 @@ with st.expander("Advanced"):
         limits.max_new_tokens,
         key="nr_max_new",
     )
+
+st.session_state[SAVED] = {
+    k: st.session_state[k]
+    for k in (*INITIAL, "nr_sample")
+    if k in st.session_state and not k.startswith("nr__")
+}
 
 cfg = None
 try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from run_helpers import new_app
 
+from sketchwalk.app import prompts
 from sketchwalk.store import open_store
 
 
@@ -112,3 +113,22 @@ def test_a_speed_headline_above_its_ceiling_gets_a_noise_note(fresh):
         rid = _save(store, t, density=0.2)
     at = _page(new_app().run(), "speed", rid)
     assert any("Prefill measured 2.00×" in w.value and "noise" in w.value for w in at.warning)
+
+
+def test_the_new_run_form_survives_explores_slider_and_play(app_env, tiny_model):
+    url, ids = app_env
+    at = new_app().run()
+    at.text_input(key="nr_model").input(tiny_model).run()
+    at.selectbox(key="nr_sample").select(list(prompts.SAMPLES)[1]).run()
+    at.text_area(key="nr_prompt").input("my own pasted prompt " * 20).run()
+    at.slider(key="nr_density").set_value(0.35).run()
+    _page(at, "explore", ids["sketchwalk"])
+    layers = at.select_slider(key="ex_layer").options
+    at.select_slider(key="ex_layer").set_value(int(layers[-2])).run()
+    at.button(key="btn_play").click().run()
+    assert not at.exception, at.exception
+    _page(at, "new_run")
+    assert at.text_area(key="nr_prompt").value == "my own pasted prompt " * 20
+    assert at.selectbox(key="nr_sample").value == list(prompts.SAMPLES)[1]
+    assert at.slider(key="nr_density").value == 0.35
+    assert at.text_input(key="nr_model").value == tiny_model
