@@ -335,12 +335,14 @@ def layer_panel(
 
     if st.session_state.get("ex_playing"):
         i = layers.index(layer)
+        ctx = get_script_run_ctx()  # a fragment-scoped rerun is refused during a full run
+        scope = "fragment" if ctx and ctx.fragment_ids_this_run else "app"
         if i + 1 < len(layers):
             time.sleep(PLAY_INTERVAL_S)
             st.session_state["ex_layer_next"] = layers[i + 1]
-            ctx = get_script_run_ctx()  # a fragment-scoped rerun is refused during a full run
-            st.rerun(scope="fragment" if ctx and ctx.fragment_ids_this_run else "app")
-        st.session_state["ex_playing"] = False
+        else:  # the last layer: stop, and draw the button again so it offers Play
+            st.session_state["ex_playing"] = False
+        st.rerun(scope=scope)
 
 
 def query_panel(run: dict, position: int, layer: int, row: int) -> None:

@@ -132,3 +132,15 @@ def test_the_new_run_form_survives_explores_slider_and_play(app_env, tiny_model)
     assert at.selectbox(key="nr_sample").value == list(prompts.SAMPLES)[1]
     assert at.slider(key="nr_density").value == 0.35
     assert at.text_input(key="nr_model").value == tiny_model
+
+
+def test_play_ends_on_the_last_layer_offering_play_again(app_env):
+    url, ids = app_env
+    at = _page(new_app().run(), "explore", ids["sketchwalk"])
+    layers = at.select_slider(key="ex_layer").options
+    at.select_slider(key="ex_layer").set_value(int(layers[-2])).run()
+    at.button(key="btn_play").click().run()
+    assert not at.exception, at.exception
+    assert str(at.select_slider(key="ex_layer").value) == str(layers[-1])
+    assert at.button(key="btn_play").label == "▶ Play layers"
+    assert at.session_state["ex_playing"] is False
