@@ -144,3 +144,35 @@ def test_play_ends_on_the_last_layer_offering_play_again(app_env):
     assert str(at.select_slider(key="ex_layer").value) == str(layers[-1])
     assert at.button(key="btn_play").label == "▶ Play layers"
     assert at.session_state["ex_playing"] is False
+
+
+class _Upload:
+    """What st.file_uploader hands a page: the file's bytes (AppTest cannot upload a file)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def getvalue(self) -> bytes:
+        return self.data
+
+
+def test_import_counts_the_new_run_at_once_and_names_a_duplicate(fresh, tmp_path, monkeypatch):
+    import streamlit
+    from known_runs import save_known
+
+    with open_store(fresh) as store:
+        save_known(store)
+    with open_store(str(tmp_path / "other.duckdb")) as other:
+        new_id = save_known(other, flip=True)
+        data = other.export_zip([new_id])
+    monkeypatch.setattr(streamlit, "file_uploader", lambda *a, **k: _Upload(data))
+    at = _page(new_app().run(), "runs")
+    assert any(c.value.startswith("1 of 1 run;") for c in at.caption)
+    at.button(key="btn_import").click().run()
+    assert not at.exception, at.exception
+    assert [s.value for s in at.success] == ["Imported 1 run."]
+    assert any(c.value.startswith("2 of 2 runs;") for c in at.caption)  # the table, now
+    at.button(key="btn_import").click().run()  # the same file again: a duplicate, skipped
+    assert [s.value for s in at.success] == [
+        f"Imported 0 runs. Skipped 1 run already in the store (a duplicate: {new_id[:8]})."
+    ]
