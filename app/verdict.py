@@ -4,7 +4,7 @@ Pure Python over what the store holds for a run (its metrics, timings, config, p
 per-layer stats), so it is tested on plain dicts and shared by Explore (top of the page) and the
 New run page (the summary of a finished run). Nothing here is computed anew: densities, KL and
 top-1 are the runner's, mass kept is the recorder's mass recall, the density floor is the
-engine's forced-block rule (figures.preview.selection_rule), the speed ceiling is
+engine's selection at a vanishing density (density_floor), the speed ceiling is
 engine/speed.py's, and the needle answer check is the eval's (eval/retrieval.py is_correct).
 """
 
@@ -21,7 +21,7 @@ from sketchwalk.engine import speed
 from sketchwalk.store.needle import pass_key
 
 FAR_RATIO = 1.25  # achieved / target above this (and FAR_ABS above it) is "far from the target"
-FAR_ABS = 0.05
+FAR_ABS = 0.01
 
 
 @dataclass(frozen=True)
@@ -56,20 +56,25 @@ def _num(x: Any) -> float | None:
 
 
 def density_floor(config: dict[str, Any], prompt_tokens: int) -> float | None:
-    """The share of causal block pairs a prefill keeps whatever the scores (sink, local window,
-    dense tail), from the engine's own rule: the least density this prompt length allows."""
-    from sketchwalk.app.figures.preview import selection_rule
+    """The least density a prefill of this length can run at: the engine's own selection
+    (engine.pipeline.choose_blocks) at a vanishing density, so what it keeps whatever the scores
+    is counted as a run counts it: sink, local window, diagonal, dense tail, and the forced blocks
+    of every row of a query tile (rows of a tile share one list)."""
+    import torch
+
     from sketchwalk.engine.config import ConfigError, SketchWalkConfig
+    from sketchwalk.engine.pipeline import choose_blocks
 
     try:
-        block = SketchWalkConfig.from_stored(config).block_size
+        cfg = SketchWalkConfig.from_stored({**config, "density": 1e-6, "group_density": ()})
     except (ConfigError, TypeError, ValueError):
         return None
-    n = -(-int(prompt_tokens) // block) if prompt_tokens > 0 else 0
+    n = -(-int(prompt_tokens) // cfg.block_size) if prompt_tokens > 0 else 0
     if n <= 0:
         return None
-    cand, forced = selection_rule(n, int(prompt_tokens), config)
-    return float(forced.sum()) / max(float(cand.sum()), 1.0)
+    start, end = torch.zeros(1, dtype=torch.long), torch.tensor([int(prompt_tokens)])
+    sel = choose_blocks(cfg, torch.zeros(1, 1, n, n), torch.arange(n), start, end, n)
+    return float(sel.density)
 
 
 def density_item(run: dict[str, Any]) -> tuple[Item, str | None]:

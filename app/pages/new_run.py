@@ -88,7 +88,7 @@ elif info is not None:
     n_tokens = widgets.count_tokens(info, prompt) if prompt else 0
     limit = min(info.max_context, limits.max_prompt_tokens)
     st.caption(
-        f"{n_tokens} tokens · limit {limit} tokens for {widgets.short_model(info.model_id)} · "
+        f"{widgets.plural(n_tokens, 'token')} · limit {limit} tokens for {widgets.short_model(info.model_id)} · "
         f"{len(prompt):,} of at most {limits.max_prompt_chars:,} characters"
     )
 
@@ -163,12 +163,22 @@ for message in errors:
 for message in notes:
     st.info(message)
 if not errors and not notes and cfg is not None and n_tokens and cfg.method != "dense":
-    floor = density_floor(cfg.to_dict(), n_tokens)  # the engine's forced blocks at this length
-    if floor is not None and floor > cfg.density * FAR_RATIO and floor - cfg.density > FAR_ABS:
+    floor = density_floor(cfg.to_dict(), n_tokens)  # the engine's selection at this length
+    blocks = f"{widgets.plural(-(-n_tokens // cfg.block_size), 'block')} of {cfg.block_size}"
+    if floor is not None and floor >= 0.995:
         st.warning(
-            f"At {n_tokens} tokens the forced blocks alone (sink, local window, diagonal) keep "
-            f"{floor:.2f} of the causal block pairs, so this run cannot get near the target "
-            f"density {cfg.density:g}: it will run at {floor:.2f} or more. A longer prompt or "
+            f"At {widgets.plural(n_tokens, 'token')} ({blocks}) the forced blocks (sink, local "
+            "window, diagonal) are every causal block pair: this run will be dense in effect "
+            f"(density 1.00), whatever the target {cfg.density:g}. A longer prompt or smaller "
+            "blocks leave something to select.",
+            icon="⚠️",
+        )
+    elif floor is not None and floor > cfg.density * FAR_RATIO and floor - cfg.density > FAR_ABS:
+        st.warning(
+            f"At {widgets.plural(n_tokens, 'token')} ({blocks}) the forced blocks alone (sink, "
+            f"local window, diagonal{', of every row of a query tile' if cfg.rows_per_list > 1 else ''}) "
+            f"keep {floor:.2f} of the causal block pairs, so this run cannot get near the target "
+            f"density {cfg.density:g}: it will run at about {floor:.2f}. A longer prompt or "
             "smaller blocks let the density reach the target.",
             icon="⚠️",
         )

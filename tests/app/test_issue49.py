@@ -176,3 +176,37 @@ def test_import_counts_the_new_run_at_once_and_names_a_duplicate(fresh, tmp_path
     assert [s.value for s in at.success] == [
         f"Imported 0 runs. Skipped 1 run already in the store (a duplicate: {new_id[:8]})."
     ]
+
+
+def test_the_pre_run_density_warning_counts_the_floor_as_the_engine_does(fresh, tiny_model):
+    from sketchwalk.app import verdict
+
+    at = new_app().run()
+    at.text_input(key="nr_model").input(tiny_model).run()
+    at.text_area(key="nr_prompt").input(prompts.license_text()).run()  # ~2k tokens
+    at.slider(key="nr_density").set_value(0.01).run()
+    warned = " ".join(w.value for w in at.warning)
+    floor = verdict.density_floor(knob_config(at), 1982)
+    assert 0.05 < floor < 0.1  # query tiles keep every row's forced blocks
+    assert f"it will run at about {floor:.2f}" in warned and "target density 0.01" in warned
+    at.text_area(key="nr_prompt").input("word " * 19).run()
+    warned = " ".join(w.value for w in at.warning)
+    assert "dense in effect (density 1.00)" in warned and "or more" not in warned
+    at.text_area(key="nr_prompt").input("word").run()
+    assert any(c.value.startswith("1 token · limit") for c in at.caption)
+
+
+def knob_config(at) -> dict:
+    from sketchwalk.engine.config import SketchWalkConfig
+
+    return SketchWalkConfig(density=at.slider(key="nr_density").value).to_dict()
+
+
+def test_a_density_a_little_above_a_small_target_is_not_a_green_check():
+    from sketchwalk.app import verdict
+
+    item, warning = verdict.density_item(
+        {"metrics": {"density_achieved": 0.07, "density_target": 0.05}, "prompt_tokens": 2048,
+         "config": {"density": 0.05, "block_size": 16}}
+    )  # fmt: skip
+    assert item.level == "warn" and "far above the target 0.05" in warning
