@@ -93,6 +93,7 @@ class ModelInfo:
     model_id: str
     tokenizer: Any
     max_context: int
+    n_layers: int = 0  # 0: the model's config does not say
 
 
 @st.cache_resource(show_spinner="Loading the tokenizer…", max_entries=8)
@@ -115,7 +116,8 @@ def _model_info(model_id: str, check: bool = True) -> ModelInfo:
             f"Hugging Face cache or hub ({first[:160]})"
         ) from None
     max_ctx = int(getattr(cfg, "max_position_embeddings", 0) or 0) or 2048
-    return ModelInfo(name, tok, max_ctx)
+    n_layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    return ModelInfo(name, tok, max_ctx, n_layers)
 
 
 def unavailable(source: str) -> str | None:

@@ -131,6 +131,13 @@ try:
     cfg = knob_widgets.to_config(values)
 except ConfigError as exc:
     errors.append(str(exc))
+if cfg is not None and info is not None and info.n_layers:
+    missing = sorted(x for x in cfg.dense_layers if x >= info.n_layers)
+    if missing:  # the worker would load the model and fail on it: refused here
+        errors.append(
+            f"Dense layers: {widgets.short_model(info.model_id)} has {info.n_layers} layers "
+            f"(0–{info.n_layers - 1}), so there is no layer {', '.join(map(str, missing))}."
+        )
 
 if n_tokens is not None and info is not None:
     limit = min(info.max_context, limits.max_prompt_tokens)

@@ -210,3 +210,23 @@ def test_a_density_a_little_above_a_small_target_is_not_a_green_check():
          "config": {"density": 0.05, "block_size": 16}}
     )  # fmt: skip
     assert item.level == "warn" and "far above the target 0.05" in warning
+
+
+def test_bad_knob_values_disable_run_with_one_line(fresh, tiny_model):
+    from transformers import AutoConfig
+
+    layers = AutoConfig.from_pretrained(tiny_model).num_hidden_layers
+    at = new_app().run()
+    at.text_input(key="nr_model").input(tiny_model).run()
+    at.text_area(key="nr_prompt").input(prompts.license_text()[:900]).run()
+    assert not at.button(key="btn_run").disabled
+    at.text_input(key="nr_dense_layers").input(f"0,{layers + 90}").run()
+    assert any(f"there is no layer {layers + 90}" in e.value for e in at.error)
+    assert at.button(key="btn_run").disabled
+    at.text_input(key="nr_dense_layers").input("0").run()
+    assert not at.button(key="btn_run").disabled
+    box = at.number_input(key="nr_beta")
+    assert box.min is None  # the browser hands every entry to the page, which checks it
+    box.set_value(-1.0).run()
+    assert any("beta" in e.value and "-1" in e.value for e in at.error)
+    assert at.button(key="btn_run").disabled
