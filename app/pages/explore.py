@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from sketchwalk.app import figures, prompts, widgets
+from sketchwalk.app import figures, prompts, view_link, widgets
 from sketchwalk.app.verdict import FAR_ABS, FAR_RATIO
 from sketchwalk.engine.config import ConfigError, SketchWalkConfig
 from sketchwalk.engine.records import group_phase, split_phase
@@ -58,6 +58,7 @@ if run_id is None:
 
 run = widgets.run_meta(url, run_id)
 stats = widgets.layer_stats(url, run_id)
+view_link.apply(run_id)  # a shared link (?run=&phase=&layer=&group=&token=) opens its view
 blocks = widgets.blocks(url, run_id)
 prompt_tokens = int(run.get("prompt_tokens") or 0)
 WALKS = walks(run.get("config") or {}, run.get("method"))
@@ -214,6 +215,8 @@ def layer_panel(
         has = (stats["phase"] == group_phase(phase, max(group, 0))) & (stats["step"] == step)
         if group != ALL_GROUPS and (has & (stats["layer"] == layer)).any():
             data_phase = group_phase(phase, group)
+
+    view_link.write(run_id, phase, int(layer), split_phase(data_phase)[1], step)
 
     # ---- the layer's four matrices ---------------------------------------------------------
     t0 = time.perf_counter()

@@ -230,3 +230,20 @@ def test_bad_knob_values_disable_run_with_one_line(fresh, tiny_model):
     box.set_value(-1.0).run()
     assert any("beta" in e.value and "-1" in e.value for e in at.error)
     assert at.button(key="btn_run").disabled
+
+
+def test_a_link_opens_the_same_explore_view_in_a_new_session(app_env):
+    url, ids = app_env
+    at = _page(new_app().run(), "explore", ids["sketchwalk"])
+    layers = at.select_slider(key="ex_layer").options
+    at.select_slider(key="ex_layer").set_value(int(layers[-1])).run()
+    link = {k: (v[-1] if isinstance(v, list) else v) for k, v in at.query_params.items()}
+    assert link["run"] == ids["sketchwalk"] and link["layer"] == str(layers[-1])
+    fresh = new_app()  # a new tab: no session state, only the link
+    for k, v in link.items():
+        fresh.query_params[k] = v
+    fresh.run()
+    fresh.switch_page("pages/explore.py").run()
+    assert not fresh.exception, fresh.exception
+    assert fresh.selectbox(key="explore_run").value == ids["sketchwalk"]
+    assert str(fresh.select_slider(key="ex_layer").value) == str(layers[-1])
