@@ -136,7 +136,7 @@ def unavailable(source: str) -> str | None:
         return None
     return (
         "not a local model folder and not in the Hugging Face cache; download it first "
-        f"(`huggingface-cli download {source[:100]}`) or give a folder"
+        f"(huggingface-cli download {source[:100]}) or give a folder"
     )
 
 
@@ -323,7 +323,9 @@ def run_label(row: pd.Series | dict) -> str:
     tok = f"{int(tokens)} tok" if tokens is not None and not pd.isna(tokens) else "? tok"
     density = cfg.get("density")
     dens = f"ρ={density:g}" if isinstance(density, (int, float)) else ""
-    return f"{str(row['id'])[:8]} · {row.get('method') or '?'} {dens} · {short_model(row.get('model_id'))} · {tok} · {when}"
+    block = cfg.get("block_size")
+    blk = f" b{block}" if isinstance(block, int) else ""
+    return f"{str(row['id'])[:8]} · {row.get('method') or '?'} {dens}{blk} · {short_model(row.get('model_id'))} · {tok} · {when}"
 
 
 def done_runs(store: Store) -> pd.DataFrame:

@@ -82,7 +82,7 @@ n_tokens = None
 if too_long:  # refused before tokenizing (a huge paste would take seconds to count)
     errors.append(
         f"The prompt has {len(prompt):,} characters; the limit is {limits.max_prompt_chars:,}. "
-        "Nothing was cut: shorten it or use `sketchwalk run --prompt-file` for longer texts."
+        "Nothing was cut: shorten it or use sketchwalk run --prompt-file for longer texts."
     )
 elif info is not None:
     n_tokens = widgets.count_tokens(info, prompt) if prompt else 0
@@ -99,16 +99,17 @@ with t1:
         "Time only (no per-layer records)",
         key="nr_time_only",
         help="Faster: keeps the generations, quality metrics, density and timings, but not the "
-        "per-layer records Explore and Mask diff draw. Always times a clean pass.",
+        "per-layer records Explore and Mask diff draw. Always times the clean passes.",
     )
 with t2:
     clean_timing = st.checkbox(
         "Also time a clean pass",
         key="nr_clean_timing",
         disabled=time_only,
-        help="After the recorded run, one dense and one sparse pass without the recorder: the "
-        "speed your own code would see, and what recording cost (about a third more time on "
-        "CPU). A time-only run always times one.",
+        help="After the recorded run, three dense and three sparse prefills without the "
+        "recorder (the first of each also decodes the new tokens): the speed your own code "
+        "would see, as a median with its range, and what recording cost. A time-only run "
+        "always times them.",
     )
 clean_timing = True if time_only else clean_timing
 with st.expander("Advanced"):

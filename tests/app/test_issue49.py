@@ -247,3 +247,17 @@ def test_a_link_opens_the_same_explore_view_in_a_new_session(app_env):
     assert not fresh.exception, fresh.exception
     assert fresh.selectbox(key="explore_run").value == ids["sketchwalk"]
     assert str(fresh.select_slider(key="ex_layer").value) == str(layers[-1])
+
+
+def test_small_words_three_clean_passes_no_backticks_block_size_in_labels(fresh, tiny_model):
+    from sketchwalk.app import widgets
+
+    at = new_app().run()
+    assert "three dense and three sparse" in at.checkbox(key="nr_clean_timing").help
+    at.text_input(key="nr_model").input(tiny_model).run()
+    at.text_area(key="nr_prompt").input("a" * 204_800).run()
+    assert at.error and not any("`" in e.value for e in at.error)
+    row = {"id": "0123456789", "method": "sketchwalk", "config": {"density": 0.2}}
+    assert widgets.run_label({**row, "config": {"density": 0.2, "block_size": 16}}) != (
+        widgets.run_label({**row, "config": {"density": 0.2, "block_size": 64}})
+    )
