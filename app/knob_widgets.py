@@ -47,14 +47,22 @@ def _widget(f, k) -> Any:
         return st.selectbox(label, options, key=key, help=k.help)
     if f.name == "density":
         return st.slider(label, 0.01, 1.0, step=0.01, key=key, help=k.help)
+    # no min/max on number boxes: the browser would refuse an out-of-range entry itself and keep
+    # the old value behind Run; the page gets every entry and the config check refuses it in one
+    # line (with Run disabled)
     if t == "int":
-        return st.number_input(
-            label, int(k.lo or 0), int(k.hi if k.hi is not None else 2**31 - 1), key=key,
-            help=k.help,
-        )  # fmt: skip
-    lo = float(k.lo or 0.0)
-    hi = float(k.hi if k.hi is not None else 1e6)
-    return st.number_input(label, lo, hi, step=0.01, format="%.3f", key=key, help=k.help)
+        return st.number_input(label, step=1, key=key, help=_range_help(k))
+    return st.number_input(label, step=0.01, format="%.3f", key=key, help=_range_help(k))
+
+
+def _range_help(k) -> str:
+    """The knob's help with its allowed range, which the box itself does not enforce."""
+    if k.lo is None and k.hi is None:
+        return k.help
+    lo = "" if k.lo is None else f"{k.lo:g}"
+    hi = "" if k.hi is None else f"{k.hi:g}"
+    span = f"at least {lo}" if not hi else f"at most {hi}" if not lo else f"{lo} to {hi}"
+    return f"{k.help} ({span})"
 
 
 def render(group: str, columns: int = 3) -> dict[str, Any]:

@@ -4,7 +4,7 @@ Pure Python over what the store holds for a run (its metrics, timings, config, p
 per-layer stats), so it is tested on plain dicts and shared by Explore (top of the page) and the
 New run page (the summary of a finished run). Nothing here is computed anew: densities, KL and
 top-1 are the runner's, mass kept is the recorder's mass recall, the density floor is the
-engine's forced-block rule (figures.preview.selection_rule), the speed ceiling is
+engine's selection at a vanishing density (density_floor), the speed ceiling is
 engine/speed.py's, and the needle answer check is the eval's (eval/retrieval.py is_correct).
 """
 
@@ -16,11 +16,12 @@ from typing import Any
 
 import pandas as pd
 
+from sketchwalk.app import speed_numbers
 from sketchwalk.engine import speed
 from sketchwalk.store.needle import pass_key
 
 FAR_RATIO = 1.25  # achieved / target above this (and FAR_ABS above it) is "far from the target"
-FAR_ABS = 0.05
+FAR_ABS = 0.01
 
 
 @dataclass(frozen=True)
@@ -55,20 +56,25 @@ def _num(x: Any) -> float | None:
 
 
 def density_floor(config: dict[str, Any], prompt_tokens: int) -> float | None:
-    """The share of causal block pairs a prefill keeps whatever the scores (sink, local window,
-    dense tail), from the engine's own rule: the least density this prompt length allows."""
-    from sketchwalk.app.figures.preview import selection_rule
+    """The least density a prefill of this length can run at: the engine's own selection
+    (engine.pipeline.choose_blocks) at a vanishing density, so what it keeps whatever the scores
+    is counted as a run counts it: sink, local window, diagonal, dense tail, and the forced blocks
+    of every row of a query tile (rows of a tile share one list)."""
+    import torch
+
     from sketchwalk.engine.config import ConfigError, SketchWalkConfig
+    from sketchwalk.engine.pipeline import choose_blocks
 
     try:
-        block = SketchWalkConfig.from_stored(config).block_size
+        cfg = SketchWalkConfig.from_stored({**config, "density": 1e-6, "group_density": ()})
     except (ConfigError, TypeError, ValueError):
         return None
-    n = -(-int(prompt_tokens) // block) if prompt_tokens > 0 else 0
+    n = -(-int(prompt_tokens) // cfg.block_size) if prompt_tokens > 0 else 0
     if n <= 0:
         return None
-    cand, forced = selection_rule(n, int(prompt_tokens), config)
-    return float(forced.sum()) / max(float(cand.sum()), 1.0)
+    start, end = torch.zeros(1, dtype=torch.long), torch.tensor([int(prompt_tokens)])
+    sel = choose_blocks(cfg, torch.zeros(1, 1, n, n), torch.arange(n), start, end, n)
+    return float(sel.density)
 
 
 def density_item(run: dict[str, Any]) -> tuple[Item, str | None]:
@@ -174,55 +180,33 @@ def needle_item(run: dict[str, Any]) -> Item | None:
 
 
 def speed_items(run: dict[str, Any]) -> tuple[list[Item], list[str]]:
-    """Prefill and decode speed of the clean pass: medians of repeats with their spread, held
-    against the ceiling (above it the difference is noise, and the verdict says so)."""
+    """Prefill and decode speed of the clean pass (app/speed_numbers.py: the one reading every
+    page shows), with its range, held against the ceiling (above it the difference is noise,
+    and the verdict says so)."""
     t = run.get("timings") or {}
-    metrics, config = run.get("metrics") or {}, run.get("config") or {}
     if not speed.has_clean(t):
         note = "this run timed no clean pass"
         return [
             Item("prefill", "Prefill speed", "–", note),
             Item("decode", "Decode speed", "–", note),
         ], []
-    density = speed.ceiling_density(
-        _num(metrics.get("density_achieved")), _num(config.get("density"))
-    )
-    ceilings = {c.phase: c for c in speed.ceilings(t, density)}
-    pairs = {p.phase: p for p in speed.clean_pairs(t) if p.scope == "whole model"}
-    repeats = int(_num(t.get("clean_repeats")) or 1)
     items, warnings = [], []
     for phase, label in (("prefill", "Prefill speed"), ("decode", "Decode speed")):
-        pair = pairs.get(phase)
-        mid = _num(t.get(f"clean_{phase}_speedup"))
-        mid = mid if mid is not None else (pair.ratio if pair else None)
-        if mid is None:
+        m = speed_numbers.clean_speedup(t, phase)
+        if m is None:
             items.append(Item(phase, label, "–", "no new tokens" if phase == "decode" else ""))
             continue
-        lo, hi = _num(t.get(f"clean_{phase}_speedup_lo")), _num(t.get(f"clean_{phase}_speedup_hi"))
-        tokens = int(_num(t.get("clean_decode_tokens")) or 0)
-        if lo is None or hi is None:
-            how = "one clean pass: no spread known"
-        elif phase == "decode":
-            how = f"median of {tokens} clean tokens' ratios, middle half {lo:.2f}–{hi:.2f}×"
-        else:
-            how = f"median of {repeats} clean passes, range {lo:.2f}–{hi:.2f}×"
-        cap = ceilings.get(phase)
-        if cap is not None and mid > cap.at_density * 1.02:
-            items.append(Item(phase, label, "noise", f"measured {mid:.2f}× > ceiling", "warn"))
-            warnings.append(
-                f"{label} measured {mid:.2f}× but at density {cap.density:.2f} the whole model "
-                f"can be at most {cap.at_density:.2f}× faster (attention is "
-                f"{cap.attention_share:.0%} of the dense {phase}): the measurement is noise "
-                "(a busy machine), not a speed-up. Re-run on an idle machine."
-            )
+        cap = speed_numbers.ceiling(t, run, phase)
+        noise = speed_numbers.noise_note(m, cap)
+        if noise is not None:
+            items.append(Item(phase, label, "noise", f"measured {m.text()} > ceiling", "warn"))
+            warnings.append(noise)
             continue
-        if lo is not None and hi is not None and lo < 1.0 < hi:
-            level, verdict_note = "info", "no clear difference: the range spans 1×"
-        else:
-            level, verdict_note = ("ok" if mid >= 1.0 else "warn"), ""
+        how = m.spread if m.has_range else "one clean pass: no spread known"
+        level = "info" if m.spans_one else "warn" if m.slower else "ok"
         ceiling = f"; ceiling {cap.at_density:.2f}×" if cap is not None else ""
-        note = "; ".join(x for x in (how + ceiling, verdict_note) if x)
-        items.append(Item(phase, label, f"{mid:.2f}×", note, level))
+        note = f"{speed_numbers.words(m)}; {how}{ceiling}"
+        items.append(Item(phase, label, m.text(), note, level))
     return items, warnings
 
 

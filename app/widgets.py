@@ -93,6 +93,7 @@ class ModelInfo:
     model_id: str
     tokenizer: Any
     max_context: int
+    n_layers: int = 0  # 0: the model's config does not say
 
 
 @st.cache_resource(show_spinner="Loading the tokenizer…", max_entries=8)
@@ -115,7 +116,8 @@ def _model_info(model_id: str, check: bool = True) -> ModelInfo:
             f"Hugging Face cache or hub ({first[:160]})"
         ) from None
     max_ctx = int(getattr(cfg, "max_position_embeddings", 0) or 0) or 2048
-    return ModelInfo(name, tok, max_ctx)
+    n_layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+    return ModelInfo(name, tok, max_ctx, n_layers)
 
 
 def unavailable(source: str) -> str | None:
@@ -134,7 +136,7 @@ def unavailable(source: str) -> str | None:
         return None
     return (
         "not a local model folder and not in the Hugging Face cache; download it first "
-        f"(`huggingface-cli download {source[:100]}`) or give a folder"
+        f"(huggingface-cli download {source[:100]}) or give a folder"
     )
 
 
@@ -321,7 +323,9 @@ def run_label(row: pd.Series | dict) -> str:
     tok = f"{int(tokens)} tok" if tokens is not None and not pd.isna(tokens) else "? tok"
     density = cfg.get("density")
     dens = f"ρ={density:g}" if isinstance(density, (int, float)) else ""
-    return f"{str(row['id'])[:8]} · {row.get('method') or '?'} {dens} · {short_model(row.get('model_id'))} · {tok} · {when}"
+    block = cfg.get("block_size")
+    blk = f" b{block}" if isinstance(block, int) else ""
+    return f"{str(row['id'])[:8]} · {row.get('method') or '?'} {dens}{blk} · {short_model(row.get('model_id'))} · {tok} · {when}"
 
 
 def done_runs(store: Store) -> pd.DataFrame:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -124,6 +125,11 @@ if worst.empty:
     st.caption("No prompt token has a KL to explain in this run.")
     st.stop()
 clicked = [int(p["x"]) for p in (strip.selection.points if strip else []) if "x" in p]
+if st.session_state.get("cmp_query_run") != run_id:
+    # another run: its own tokens to pick from (the box's old value named the last run's token)
+    st.session_state["cmp_query_run"] = run_id
+    for _key in ("cmp_query", "cmp_click"):
+        st.session_state.pop(_key, None)
 explain = st.session_state.get("cmp_explained")  # (run, token) whose cause is shown
 # a click on a prompt token's bar explains it; the selection stays in the chart's state, so a
 # click counts once (a later pick in the box below must not be undone by an old click)
@@ -131,7 +137,9 @@ if clicked and 0 < clicked[0] < n and (run_id, clicked[0]) != st.session_state.g
     st.session_state["cmp_click"] = (run_id, clicked[0])
     st.session_state["cmp_query"] = clicked[0]
     explain = (run_id, clicked[0])
-choices = list(dict.fromkeys([*worst["position"], st.session_state.get("cmp_query", -1)]))
+asked = st.session_state.get("cmp_query")
+asked = int(asked) if isinstance(asked, int | np.integer) else -1  # a stale label is no token
+choices = list(dict.fromkeys([*(int(p) for p in worst["position"]), asked]))
 choices = [c for c in choices if 0 < c < n]
 labels_q = figures.token_choice_labels(toks, choices)
 if st.session_state.get("cmp_query") not in choices:

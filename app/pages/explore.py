@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from sketchwalk.app import figures, prompts, widgets
+from sketchwalk.app import figures, prompts, view_link, widgets
 from sketchwalk.app.verdict import FAR_ABS, FAR_RATIO
 from sketchwalk.engine.config import ConfigError, SketchWalkConfig
 from sketchwalk.engine.records import group_phase, split_phase
@@ -58,6 +58,7 @@ if run_id is None:
 
 run = widgets.run_meta(url, run_id)
 stats = widgets.layer_stats(url, run_id)
+view_link.apply(run_id)  # a shared link (?run=&phase=&layer=&group=&token=) opens its view
 blocks = widgets.blocks(url, run_id)
 prompt_tokens = int(run.get("prompt_tokens") or 0)
 WALKS = walks(run.get("config") or {}, run.get("method"))
@@ -215,6 +216,8 @@ def layer_panel(
         if group != ALL_GROUPS and (has & (stats["layer"] == layer)).any():
             data_phase = group_phase(phase, group)
 
+    view_link.write(run_id, phase, int(layer), split_phase(data_phase)[1], step)
+
     # ---- the layer's four matrices ---------------------------------------------------------
     t0 = time.perf_counter()
     row = stats[
@@ -335,12 +338,14 @@ def layer_panel(
 
     if st.session_state.get("ex_playing"):
         i = layers.index(layer)
+        ctx = get_script_run_ctx()  # a fragment-scoped rerun is refused during a full run
+        scope = "fragment" if ctx and ctx.fragment_ids_this_run else "app"
         if i + 1 < len(layers):
             time.sleep(PLAY_INTERVAL_S)
             st.session_state["ex_layer_next"] = layers[i + 1]
-            ctx = get_script_run_ctx()  # a fragment-scoped rerun is refused during a full run
-            st.rerun(scope="fragment" if ctx and ctx.fragment_ids_this_run else "app")
-        st.session_state["ex_playing"] = False
+        else:  # the last layer: stop, and draw the button again so it offers Play
+            st.session_state["ex_playing"] = False
+        st.rerun(scope=scope)
 
 
 def query_panel(run: dict, position: int, layer: int, row: int) -> None:

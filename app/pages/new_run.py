@@ -24,6 +24,11 @@ INITIAL = {
     "nr_clean_timing": True,
     **knob_widgets.initial_state("default"),
 }
+# Streamlit drops a widget's value once a run goes by without that widget (another page, or a
+# fragment rerun there), so the form keeps a copy under a key no widget owns and restores it.
+SAVED = "form_new_run"
+for _key, _value in st.session_state.get(SAVED, {}).items():
+    st.session_state.setdefault(_key, _value)
 for _key, _value in INITIAL.items():  # defaults via session state: kept across page switches
     st.session_state.setdefault(_key, _value)
 
@@ -77,13 +82,13 @@ n_tokens = None
 if too_long:  # refused before tokenizing (a huge paste would take seconds to count)
     errors.append(
         f"The prompt has {len(prompt):,} characters; the limit is {limits.max_prompt_chars:,}. "
-        "Nothing was cut: shorten it or use `sketchwalk run --prompt-file` for longer texts."
+        "Nothing was cut: shorten it or use sketchwalk run --prompt-file for longer texts."
     )
 elif info is not None:
     n_tokens = widgets.count_tokens(info, prompt) if prompt else 0
     limit = min(info.max_context, limits.max_prompt_tokens)
     st.caption(
-        f"{n_tokens} tokens · limit {limit} tokens for {widgets.short_model(info.model_id)} · "
+        f"{widgets.plural(n_tokens, 'token')} · limit {limit} tokens for {widgets.short_model(info.model_id)} · "
         f"{len(prompt):,} of at most {limits.max_prompt_chars:,} characters"
     )
 
@@ -94,16 +99,17 @@ with t1:
         "Time only (no per-layer records)",
         key="nr_time_only",
         help="Faster: keeps the generations, quality metrics, density and timings, but not the "
-        "per-layer records Explore and Mask diff draw. Always times a clean pass.",
+        "per-layer records Explore and Mask diff draw. Always times the clean passes.",
     )
 with t2:
     clean_timing = st.checkbox(
         "Also time a clean pass",
         key="nr_clean_timing",
         disabled=time_only,
-        help="After the recorded run, one dense and one sparse pass without the recorder: the "
-        "speed your own code would see, and what recording cost (about a third more time on "
-        "CPU). A time-only run always times one.",
+        help="After the recorded run, three dense and three sparse prefills without the "
+        "recorder (the first of each also decodes the new tokens): the speed your own code "
+        "would see, as a median with its range, and what recording cost. A time-only run "
+        "always times them.",
     )
 clean_timing = True if time_only else clean_timing
 with st.expander("Advanced"):
@@ -115,11 +121,24 @@ with st.expander("Advanced"):
         key="nr_max_new",
     )
 
+st.session_state[SAVED] = {
+    k: st.session_state[k]
+    for k in (*INITIAL, "nr_sample")
+    if k in st.session_state and not k.startswith("nr__")
+}
+
 cfg = None
 try:
     cfg = knob_widgets.to_config(values)
 except ConfigError as exc:
     errors.append(str(exc))
+if cfg is not None and info is not None and info.n_layers:
+    missing = sorted(x for x in cfg.dense_layers if x >= info.n_layers)
+    if missing:  # the worker would load the model and fail on it: refused here
+        errors.append(
+            f"Dense layers: {widgets.short_model(info.model_id)} has {info.n_layers} layers "
+            f"(0–{info.n_layers - 1}), so there is no layer {', '.join(map(str, missing))}."
+        )
 
 if n_tokens is not None and info is not None:
     limit = min(info.max_context, limits.max_prompt_tokens)
@@ -152,12 +171,22 @@ for message in errors:
 for message in notes:
     st.info(message)
 if not errors and not notes and cfg is not None and n_tokens and cfg.method != "dense":
-    floor = density_floor(cfg.to_dict(), n_tokens)  # the engine's forced blocks at this length
-    if floor is not None and floor > cfg.density * FAR_RATIO and floor - cfg.density > FAR_ABS:
+    floor = density_floor(cfg.to_dict(), n_tokens)  # the engine's selection at this length
+    blocks = f"{widgets.plural(-(-n_tokens // cfg.block_size), 'block')} of {cfg.block_size}"
+    if floor is not None and floor >= 0.995:
         st.warning(
-            f"At {n_tokens} tokens the forced blocks alone (sink, local window, diagonal) keep "
-            f"{floor:.2f} of the causal block pairs, so this run cannot get near the target "
-            f"density {cfg.density:g}: it will run at {floor:.2f} or more. A longer prompt or "
+            f"At {widgets.plural(n_tokens, 'token')} ({blocks}) the forced blocks (sink, local "
+            "window, diagonal) are every causal block pair: this run will be dense in effect "
+            f"(density 1.00), whatever the target {cfg.density:g}. A longer prompt or smaller "
+            "blocks leave something to select.",
+            icon="⚠️",
+        )
+    elif floor is not None and floor > cfg.density * FAR_RATIO and floor - cfg.density > FAR_ABS:
+        st.warning(
+            f"At {widgets.plural(n_tokens, 'token')} ({blocks}) the forced blocks alone (sink, "
+            f"local window, diagonal{', of every row of a query tile' if cfg.rows_per_list > 1 else ''}) "
+            f"keep {floor:.2f} of the causal block pairs, so this run cannot get near the target "
+            f"density {cfg.density:g}: it will run at about {floor:.2f}. A longer prompt or "
             "smaller blocks let the density reach the target.",
             icon="⚠️",
         )

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import io
+import json
+import zipfile
+
 import pandas as pd
 import streamlit as st
 
 from sketchwalk import access
 from sketchwalk.app import widgets
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.store.export import MANIFEST
 from sketchwalk.text import plain_markdown
 
 store = widgets.setup("Runs")
@@ -33,6 +38,29 @@ def _table(runs: pd.DataFrame) -> pd.DataFrame:
             "Error": runs["error"],
         }
     )
+
+
+def export_run_ids(data: bytes) -> list[str]:
+    """The run ids an export zip names (its manifest), [] where it names none readably: the
+    import itself then says what is wrong."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as zf:
+            ids = json.loads(zf.read(MANIFEST)).get("run_ids")
+    except (zipfile.BadZipFile, KeyError, ValueError, AttributeError):
+        return []
+    return [str(i) for i in ids] if isinstance(ids, list) else []
+
+
+def import_line(imported: list[str], named: list[str], present: set[str]) -> str:
+    """What an import did, in one line: how many runs came in, how many were duplicates."""
+    skipped = [i for i in named if i in present and i not in imported]
+    line = f"Imported {widgets.plural(len(imported), 'run')}."
+    if skipped:
+        line += (
+            f" Skipped {widgets.plural(len(skipped), 'run')} already in the store (a duplicate: "
+            f"{', '.join(i[:8] for i in skipped[:5])}{', …' if len(skipped) > 5 else ''})."
+        )
+    return line
 
 
 f1, f2, f3 = st.columns(3)
@@ -103,13 +131,20 @@ upload = can_import and st.file_uploader(
     "A Parquet zip made by Export or `sketchwalk export`", type=["zip"], key="runs_upload"
 )
 skip = can_import and st.checkbox("Skip runs already in the store", value=True, key="runs_skip")
+IMPORTED = "runs_imported"  # the last import's line, shown after the rerun that redraws the table
 if can_import and upload and st.button("Import", key="btn_import"):
+    data = upload.getvalue()
+    present = set(runs["id"])
     try:
-        ids = store.import_parquet(upload.getvalue(), skip_existing=skip)
-        widgets.clear_caches()
-        st.success(f"Imported {widgets.plural(len(ids), 'run')}.")
+        ids = store.import_parquet(data, skip_existing=skip)
     except SketchWalkError as exc:
         st.error(plain_markdown(f"Import failed: {exc}"))
+    else:
+        widgets.clear_caches()
+        st.session_state[IMPORTED] = import_line(ids, export_run_ids(data), present)
+        st.rerun()  # the table above must count the imported runs now
+if IMPORTED in st.session_state:
+    st.success(st.session_state.pop(IMPORTED))
 
 st.subheader("Jobs")
 jobs = store.list_jobs()

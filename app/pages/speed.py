@@ -4,25 +4,14 @@ attention, and density sweeps of one prompt. Timings are read through engine/spe
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
-from sketchwalk.app import figures, widgets
+from sketchwalk.app import figures, speed_numbers, sweep, widgets
 from sketchwalk.engine import speed
 from sketchwalk.engine.request import stored_time_only
 from sketchwalk.text import plain_markdown
 
 SWEEP_DENSITIES = (0.05, 0.1, 0.2, 0.3, 0.5)
-POINT_HEADERS = {
-    "run": "Run",
-    "target": "Target density",
-    "density": "Achieved density",
-    "speedup": "Attention speed-up (recorded) ×",
-    "clean_speedup": "Clean prefill speed-up ×",
-    "ceiling": "Ceiling ×",
-    "kl": "KL",
-    "top1": "Top-1",
-}
 
 store = widgets.setup("Speed")
 url = widgets.db_url()
@@ -47,14 +36,18 @@ def _x(ratio: float | None) -> str:
     return "–" if ratio is None else f"{ratio:.2f}×" if ratio >= 0.1 else f"{ratio:.2g}×"
 
 
-def _pair_metric(col, pair: speed.Pair, suffix: str = "") -> None:
+def _pair_metric(col, pair: speed.Pair, suffix: str = "", shown: str | None = None) -> None:
+    """A dense-vs-sparse metric; `shown` replaces the plain ratio (the clean whole-model
+    speed-up, app/speed_numbers.py, with its range)."""
     col.metric(
         pair.label + suffix,
-        _x(pair.ratio),
+        shown or _x(pair.ratio),
         f"dense {_ms(pair.dense_ms, pair.unit)} → sparse {_ms(pair.sparse_ms, pair.unit)}",
         delta_color="off",
         delta_arrow="off",
-        help="Dense time over sparse time: above 1× the sparse model is faster.",
+        help="Dense time over sparse time: above 1× the sparse model is faster. The whole-model "
+        "speed-up is the median of the clean passes' ratios with their range in brackets (the "
+        "verdict and the density sweep show the same number).",
     )
 
 
@@ -62,17 +55,26 @@ def _pair_metric(col, pair: speed.Pair, suffix: str = "") -> None:
 st.subheader("Clean pass (no recording): dense ÷ sparse time")
 clean = speed.clean_pairs(timings)
 if clean:
+    measures = {p: speed_numbers.clean_speedup(timings, p) for p in ("prefill", "decode")}
     for i in range(0, len(clean), 2):  # two a row: "dense 1234 ms → sparse 987 ms" fits at 1400 px
         for col, pair in zip(st.columns(2), clean[i : i + 2], strict=False):
-            _pair_metric(col, pair)
+            m = measures.get(pair.phase) if pair.scope == "whole model" else None
+            _pair_metric(col, pair, shown=m.text() if m else None)
+            if m is not None:
+                col.caption(speed_numbers.words(m).capitalize() + ".")
+    for m in measures.values():
+        noise = m and speed_numbers.noise_note(m, speed_numbers.ceiling(timings, run, m.phase))
+        if noise:
+            st.warning(noise)
     st.caption(
         "What your own code would see: one dense and one sparse pass with no recorder, "
         "last-token logits only. Attention alone compares the dense model's attention with "
         "the sparse path's whole cost (sketch, walk and select included), all layers. "
         + (
-            f"Prefill: medians of {int(timings['clean_repeats'])} clean passes; decode: the "
-            "first pass's mean per token (the verdict on Explore gives both spreads); "
-            "`sketchwalk bench model` repeats more."
+            f"Whole model, prefill: the median of {int(timings['clean_repeats'])} clean passes' "
+            "dense/sparse ratios, their range in brackets; decode: the median of the first "
+            "pass's per-token ratios, their middle half in brackets (the times under each are "
+            "medians); `sketchwalk bench model` repeats more."
             if timings.get("clean_repeats", 1) > 1
             else "One pass each, so expect noise; `sketchwalk bench model` repeats and takes "
             "medians."
@@ -156,49 +158,31 @@ else:
 st.subheader("Density sweep")
 
 
-def sweep_points(runs: pd.DataFrame, run: dict) -> pd.DataFrame:
-    """Finished runs with this run's prompt, model and method: density, speedup, KL."""
-    same = runs[
-        (runs["prompt"] == run["prompt"])
-        & (runs["model_id"] == run.get("model_id"))
-        & (runs["method"] == run.get("method"))
-    ]
-    rows = []
-    for _, r in same.iterrows():
-        met = r["metrics"] or {}
-        st_ = widgets.layer_stats(url, r["id"])
-        st_ = st_[st_["phase"] == "prefill"]
-        timings_ = widgets.run_meta(url, r["id"]).get("timings") or {}
-        clean_ = speed.clean_pairs(timings_)
-        ceiling_ = [
-            c.at_density
-            for c in speed.ceilings(timings_, met.get("density_achieved"))
-            if c.phase == "prefill"
-        ]
-        rows.append(
-            {
-                "run": r["id"][:8],
-                "target": (r["config"] or {}).get("density"),
-                "density": met.get("density_achieved"),
-                "speedup": figures.overall_speedup(st_) if not st_.empty else None,
-                "clean_speedup": timings_.get("clean_prefill_speedup")
-                or (clean_[0].ratio if clean_ else None),
-                "ceiling": ceiling_[0] if ceiling_ else None,
-                "kl": met.get("kl_mean"),
-                "top1": met.get("top1_agreement"),
-            }
-        )
-    columns = ["run", "target", "density", "speedup", "clean_speedup", "ceiling", "kl", "top1"]
-    df = pd.DataFrame(rows, columns=columns)
-    return df.dropna(subset=["density"]).sort_values("density").reset_index(drop=True)
+def _recorded(rid: str) -> float | None:
+    st_ = widgets.layer_stats(url, rid)
+    st_ = st_[st_["phase"] == "prefill"]
+    return figures.overall_speedup(st_) if not st_.empty else None
 
 
-points = sweep_points(runs, run)
+points, left_out = sweep.sweep(
+    runs, run, lambda rid: widgets.run_meta(url, rid).get("timings") or {}, _recorded
+)
 if len(points) >= 2:
     st.plotly_chart(figures.sweep_figure(points), key="speed_sweep")
 else:
-    st.caption("A sweep needs at least two finished runs of this prompt at different densities.")
-st.dataframe(points.rename(columns=POINT_HEADERS), hide_index=True, key="speed_points")
+    st.caption(
+        "A sweep needs at least two finished runs of this prompt with this run's settings at "
+        "different densities."
+    )
+st.dataframe(sweep.shown(points), hide_index=True, key="speed_points")
+if left_out:
+    st.caption(
+        f"Left out: {widgets.plural(len(left_out), 'run')} of this prompt with other settings "
+        "(a sweep line joins runs that differ only in density): "
+        + "; ".join(left_out[:6])
+        + ("; …" if len(left_out) > 6 else "")
+        + "."
+    )
 
 
 def pending_densities(run: dict) -> set[float]:

@@ -129,7 +129,10 @@ def test_median_timings_medians_and_ratio_range():
 def test_speed_is_median_with_spread_under_the_ceiling():
     out = v.verdict(_run(timings=_timings()))
     pre = out.item("prefill")
-    assert pre.value == "1.20×" and "median of 3 clean passes, range 1.10–1.30×" in pre.note
+    assert (
+        pre.value == "1.20× (1.10–1.30)"
+        and "median of 3 clean passes, range 1.10–1.30×" in pre.note
+    )
     assert "ceiling" in pre.note and out.warnings == []
 
 
