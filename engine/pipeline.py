@@ -7,6 +7,7 @@ live here too; decode's per-sequence state and its steps are in engine/decode.py
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -25,7 +26,7 @@ from .select import (
 )
 from .sketch import SRHT, QueryTokens, SketchedBlocks, aggregate_heads, block_pool, key_span
 from .step import StepMeta
-from .walk import walk
+from .walk import COUNTERFACTUAL_BETA, walk
 
 
 @dataclass
@@ -37,6 +38,19 @@ class Plan:
     selection: BlockSelection | None
     sketched: SketchedBlocks | None
     timings: dict[str, Duration] = field(default_factory=dict)  # ms (engine/clock.py)
+    alternative: WalkAlternative | None = None  # what the other choice of walk would select
+
+
+@dataclass
+class WalkAlternative:
+    """The selection the layer would make with the walk switched the other way: for a run that
+    walks, the per-layer estimate A_l alone; for one that does not, the walk at
+    COUNTERFACTUAL_BETA (walk: its scores [B, G, n, n], carried to the next layer). Recorded
+    runs only, so the explorer can say what the walk changes on this prompt."""
+
+    walks: bool  # True: `selection` is the walk's (the run did not walk)
+    selection: BlockSelection
+    walk: torch.Tensor | None = None
 
 
 def sketch_blocks(
@@ -164,13 +178,16 @@ def prefill_plan(
     select: bool = True,
     exact: torch.Tensor | None = None,
     step: StepMeta | None = None,
+    alternative: bool = False,
+    prev_alt: torch.Tensor | None = None,
 ) -> Plan:
     """Sketch, walk and select for a prefill layer (queries == keys positions).
 
     select=False only estimates (dense layers that still feed decode or the recorder). exact:
     the layer's exact block mass (layer_exact), for methods that select on it. step: what the
     forward step's layers share (engine/step.py); None builds it here (no padding unless valid
-    says so).
+    says so). alternative: also the selection with the walk switched the other way (a recorded
+    run; methods that select on A_l or W_l only), prev_alt the counterfactual walk's state.
     """
     bsz, h, t, d = q.shape
     b = cfg.block_size
@@ -198,7 +215,31 @@ def prefill_plan(
         return choose_blocks(cfg, scores, rows, start, end, n, real_rows, step=step)
 
     sel = timer.run("select", choose)
-    return Plan(a, w, sel, sk, timer.ms)
+    alt = None
+    if alternative and cfg.method in WALK_METHODS:
+        alt = walk_alternative(cfg, a, prev_alt, lambda scores: choose_blocks(
+            cfg, scores, rows, start, end, n, real_rows, step=step))  # fmt: skip
+    return Plan(a, w, sel, sk, timer.ms, alt)
+
+
+# methods whose scores are the walk's W_l or the estimate A_l: the walk's effect is defined
+WALK_METHODS = ("sketchwalk", "nowalk")
+
+
+def walk_alternative(
+    cfg: SketchWalkConfig,
+    a: torch.Tensor,
+    prev_alt: torch.Tensor | None,
+    choose: Callable[[torch.Tensor], BlockSelection],
+) -> WalkAlternative:
+    """The other side of the walk for one layer: A_l's selection when the run walks, else the
+    walk's at COUNTERFACTUAL_BETA (its state continuing from prev_alt). choose: the layer's
+    selection rule on scores [B, G, n, n]. Cost: at 2k tokens and 16-token blocks, three
+    128 x 128 products and one more selection per layer."""
+    if cfg.effective_beta > 0:
+        return WalkAlternative(walks=False, selection=choose(a))
+    w = walk(a, prev_alt, COUNTERFACTUAL_BETA, cfg.degree)
+    return WalkAlternative(walks=True, selection=choose(w), walk=w)
 
 
 def prefill_selection(

@@ -73,6 +73,7 @@ class Recorder:
     group_layers: list[LayerRecord] = field(
         default_factory=list
     )  # per KV-head group (phase 'prefill:g1')
+    walk_effect: list[dict] = field(default_factory=list)  # per prefill layer (walk_effect_of)
 
     def observes(self, phase: str) -> bool:
         """Which layer steps it records: prefill, and decode unless switched off (not chunks)."""
@@ -94,13 +95,18 @@ class Recorder:
         exact = None if exact is None else exact.float().mean(1)[0]  # [rows, n]
         rows = exact.shape[0] if exact is not None else -(-q.shape[2] // block_size)
         q_blocks = np.arange(n - rows, n)
+        real = self._real_rows(kv0, q.shape[2], block_size, rows)
         a = w = sel = None
         if plan is not None:
             a = plan.a[:1].float().mean(1)[0] if plan.a is not None else None
-            w = plan.w[:1].float().mean(1)[0] if plan.w is not None else None
+            w_all = _walk_scores(plan)
+            w = w_all[:1].float().mean(1)[0] if w_all is not None else None
             if plan.selection is not None:
                 sel = selection_mask(plan.selection, n)[:1].any(1)[0]
-        real = self._real_rows(kv0, q.shape[2], block_size, rows)
+            if plan.alternative is not None and plan.selection is not None:
+                self.walk_effect.append(
+                    {"layer": obs.layer, **walk_effect_of(plan, n, exact_g, real)}
+                )
         rec = LayerRecord(
             phase=obs.phase,
             step=obs.step,
@@ -150,9 +156,10 @@ class Recorder:
         causal = torch.as_tensor(
             np.arange(n)[None, :] <= np.asarray(rec.q_blocks)[:, None], device=sel.device
         )
+        w_all = _walk_scores(plan)
         for g in range(sel.shape[0]):
             a = plan.a[0, g].float() if plan.a is not None else None
-            w = plan.w[0, g].float() if plan.w is not None else None
+            w = w_all[0, g].float() if w_all is not None else None
             ex = None
             if exact_g is not None and exact_g.shape[0] == sel.shape[0]:
                 ex = exact_g[g]
@@ -186,6 +193,42 @@ class Recorder:
             return torch.ones(1, dtype=torch.bool, device=key_valid.device)
         qv = torch.nn.functional.pad(key_valid[0, -lq:].float(), (0, rows * block_size - lq))
         return qv.view(rows, block_size).sum(-1) > 0
+
+
+def _walk_scores(plan: Plan) -> torch.Tensor | None:
+    """The walk scores a record shows: the run's own, or, where it did not walk, the
+    counterfactual walk's (engine/pipeline.py WalkAlternative): every recorded run has them."""
+    if plan.alternative is not None and plan.alternative.walk is not None:
+        return plan.alternative.walk
+    return plan.w
+
+
+def walk_effect_of(
+    plan: Plan, n: int, exact_g: torch.Tensor | None, real: torch.Tensor
+) -> dict[str, float | int | bool | None]:
+    """What the walk changes in one layer's selection (batch element 0, summed over groups):
+    blocks the walk's selection keeps that A_l's alone would not (added) and the reverse
+    (dropped), and, where the exact mass was recorded, the mass it gains per real query block
+    row (added minus dropped, averaged over the groups). used: the run selected with the walk."""
+    alt = plan.alternative
+    mine = selection_mask(plan.selection, n)[0]  # [G, rows, n]
+    other = selection_mask(alt.selection, n)[0]
+    with_walk, without = (other, mine) if alt.walks else (mine, other)
+    rows = mine.shape[1]
+    causal = torch.ones(rows, n, dtype=torch.bool, device=mine.device).tril(n - rows)
+    added = with_walk & ~without & causal
+    dropped = without & ~with_walk & causal
+    gain = None
+    if exact_g is not None and exact_g.shape[0] == mine.shape[0]:
+        ex = exact_g.to(mine.device)
+        per_row = (ex * added).sum(-1) - (ex * dropped).sum(-1)  # [G, rows]
+        gain = float(per_row[:, real.to(mine.device)].mean()) if bool(real.any()) else 0.0
+    return {
+        "used": not alt.walks,
+        "added": int(added.sum()),
+        "dropped": int(dropped.sum()),
+        "mass_gain": gain,
+    }
 
 
 # ---- a query's own attention, on demand ---------------------------------------------------------

@@ -39,6 +39,7 @@ from .models import LoadedModel
 from .recorder import QueryLayer, QueryProbe, Recorder, RecorderOptions
 from .records import BlockSpan, RunResult, TokenRecord
 from .session import sketch_walk_session
+from .walk import COUNTERFACTUAL_BETA
 
 
 class PromptError(sketchwalk.errors.SketchWalkError):
@@ -339,6 +340,7 @@ def _run(
         layer_densities={str(k): list(v) for k, v in session.layer_density.items()}
         if session.layer_density
         else None,
+        walk_effect=summarise_walk_effect(recorder.walk_effect, cfg) if recorder else None,
     )
     timings = {f"{k}_ms": v for k, v in session.timings.items()}
     timings.update(
@@ -384,6 +386,25 @@ def _run(
         blocks=block_spans(tok, ids_list + sparse.new_ids, cfg.block_size),
         tokens=tokens,
     )
+
+
+def summarise_walk_effect(per_layer: list[dict], cfg: SketchWalkConfig) -> dict | None:
+    """A recorded run's walk, in the verdict's words: whether it selected (used) or was the
+    counterfactual at COUNTERFACTUAL_BETA, its damping, and over the prefill's sparse layers the
+    blocks its selection adds and drops against A_l's alone, the exact mass it gains per query
+    block row summed over layers (None without exact mass), and each layer's numbers."""
+    if not per_layer:
+        return None
+    used = bool(per_layer[0]["used"])
+    gains = [x["mass_gain"] for x in per_layer if x["mass_gain"] is not None]
+    return {
+        "used": used,
+        "beta": cfg.effective_beta if used else COUNTERFACTUAL_BETA,
+        "added": sum(x["added"] for x in per_layer),
+        "dropped": sum(x["dropped"] for x in per_layer),
+        "mass_gain": float(sum(gains)) if gains else None,
+        "layers": per_layer,
+    }
 
 
 def _clean_timings(

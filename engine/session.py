@@ -71,6 +71,7 @@ class Session:
     decode_reused: int = 0  # (layer, step) decode pairs that kept their last selection
     step: int = 0
     walk_prev: torch.Tensor | None = None
+    walk_alt_prev: torch.Tensor | None = None  # a recorded run's counterfactual walk (pipeline)
     chunk_walk: torch.Tensor | None = None  # the current chunk's rows of the previous layer's walk
     decode_states: dict[int, DecodeLayerState] = field(default_factory=dict)
     srhts: dict[tuple[int, int, str], SRHT] = field(default_factory=dict)
@@ -127,6 +128,7 @@ class Session:
         """A new prompt begins (prefill at layer 0): forget the previous sequence."""
         self.step = 0
         self.walk_prev = None
+        self.walk_alt_prev = None
         self.decode_states.clear()
 
     def density(self, phase: str, sparse_only: bool = True) -> float | None:
@@ -301,10 +303,14 @@ class Session:
                 select=sparse,
                 exact=exact,
                 step=self.meta,
+                alternative=self.recorder is not None,
+                prev_alt=self.walk_alt_prev,
             )
             self._time_stages(plan)
             if plan.w is not None:
                 self.walk_prev = plan.w
+            if plan.alternative is not None and plan.alternative.walk is not None:
+                self.walk_alt_prev = plan.alternative.walk
             if for_decode:
                 self.decode_states[call.layer] = start_decode(plan, call.q, srht, cfg, call.layer)
         if not sparse or plan is None:

@@ -10,6 +10,10 @@ from collections.abc import Callable
 
 import torch
 
+# The damping a run without the walk is compared against (the published default): every recorded
+# run shows what this walk would have scored and selected (engine/pipeline.py walk_alternative).
+COUNTERFACTUAL_BETA = 0.25
+
 
 def walk(a: torch.Tensor, prev: torch.Tensor | None, beta: float, degree: int) -> torch.Tensor:
     """W_l from A_l [..., n, n] and W_{l-1} (None at the first sparse layer).
