@@ -179,6 +179,35 @@ def needle_item(run: dict[str, Any]) -> Item | None:
     return Item("needle", f"Needle {key}", "lost", "dense answers it, sparse does not", "bad")
 
 
+def walk_item(metrics: dict[str, Any]) -> Item | None:
+    """What the walk does on this prompt (the runner's walk_effect over the sparse prefill
+    layers): the blocks its selection adds and drops against A_l's alone and the exact mass it
+    gains; for a run that selected without it, the same for the counterfactual walk. None where
+    the run recorded no walk effect (a method that selects on neither, or an older run)."""
+    eff = metrics.get("walk_effect")
+    if not isinstance(eff, dict) or "added" not in eff:
+        return None
+    added, dropped = int(eff.get("added") or 0), int(eff.get("dropped") or 0)
+    gain = _num(eff.get("mass_gain"))
+    beta = _num(eff.get("beta"))
+    used = bool(eff.get("used"))
+    changed = added + dropped > 0
+    value = f"+{added} / -{dropped} blocks" if changed else "no change"
+    mass = "" if gain is None else f"; exact mass {gain:+.3f} summed over layers"
+    damping = "" if beta is None else f" (damping {beta:g})"
+    if used:
+        note = f"the walk{damping} selected; against A_l alone it changed these blocks{mass}"
+    elif changed:
+        note = f"not used for selection: the walk{damping} would have changed these blocks{mass}"
+    else:
+        note = (
+            f"not used for selection: the walk{damping} would keep the same blocks (the forced "
+            "blocks or A_l already decide at this density)"
+        )
+    level = "info" if gain is None or abs(gain) < 0.01 else "ok" if gain > 0 else "warn"
+    return Item("walk", "Walk", value, note, level)
+
+
 def speed_items(run: dict[str, Any]) -> tuple[list[Item], list[str]]:
     """Prefill and decode speed of the clean pass (app/speed_numbers.py: the one reading every
     page shows), with its range, held against the ceiling (above it the difference is noise,
@@ -212,7 +241,7 @@ def speed_items(run: dict[str, Any]) -> tuple[list[Item], list[str]]:
 
 def verdict(run: dict[str, Any], stats: pd.DataFrame | None = None) -> Verdict:
     """The run's verdict: density (with why it is off target), mass kept, KL, top-1, the needle
-    where there is one, and clean-pass speed."""
+    where there is one, what the walk changes, and clean-pass speed."""
     out = Verdict()
     dens, warning = density_item(run)
     out.items.append(dens)
@@ -223,6 +252,9 @@ def verdict(run: dict[str, Any], stats: pd.DataFrame | None = None) -> Verdict:
     needle = needle_item(run)
     if needle is not None:
         out.items.append(needle)
+    walked = walk_item(run.get("metrics") or {})
+    if walked is not None:
+        out.items.append(walked)
     items, warnings = speed_items(run)
     out.items.extend(items)
     out.warnings.extend(warnings)

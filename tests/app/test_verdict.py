@@ -164,3 +164,20 @@ def test_run_without_clean_pass_or_records():
     out = v.verdict(_run(metrics={}, timings={}))
     assert out.item("density").value == "–" and out.item("mass").value == "–"
     assert out.item("prefill").value == "–" and "no clean pass" in out.item("prefill").note
+
+
+def test_the_walk_item_says_what_the_walk_changes_and_whether_it_selected():
+    """The runner's walk_effect in words: counterfactual (not used) or used, blocks added and
+    dropped, the mass gain's sign as the level; no item for runs without a walk effect."""
+    off = {"used": False, "beta": 0.25, "added": 12, "dropped": 10, "mass_gain": 0.031}
+    item = v.walk_item({"walk_effect": off})
+    assert item.value == "+12 / -10 blocks" and item.level == "ok"
+    assert "not used for selection" in item.note and "damping 0.25" in item.note
+    assert "+0.031" in item.note
+    on = v.walk_item({"walk_effect": {**off, "used": True, "mass_gain": -0.02}})
+    assert "selected" in on.note and "not used" not in on.note and on.level == "warn"
+    same = v.walk_item({"walk_effect": {**off, "added": 0, "dropped": 0, "mass_gain": 0.0}})
+    assert same.value == "no change" and "same blocks" in same.note
+    assert v.walk_item({}) is None and v.walk_item({"walk_effect": None}) is None
+    run = {"metrics": {"walk_effect": off}, "config": {}, "prompt": "x"}
+    assert v.verdict(run).item("walk") is not None
