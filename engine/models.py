@@ -12,7 +12,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -88,6 +88,9 @@ class LoadedModel:
     model_id: str
     model_hash: str | None
     max_context: int
+    # the dense side of the last prompt run on this model (engine/runner.py DenseMemo): a
+    # density change on the same prompt reuses it; it goes with the model when that is dropped
+    dense_memo: object | None = field(default=None, repr=False, compare=False)
 
     @property
     def device(self) -> torch.device:

@@ -25,10 +25,39 @@ def test_judge_from_the_kept_cache_equals_a_whole_forward(tiny):
     new = [5, 17, 300, 42, 7, 9]  # any continuation, not the dense one
     parts = LMParts.of(tiny.model)
     from_cache = judge_logits(parts, ids, dense, new)
-    assert dense.cache is None  # spent
+    assert dense.cache.get_seq_length() == ids.shape[1]  # back to the prompt: reusable
+    again = judge_logits(parts, ids, dense, new[::-1])  # another continuation, the same cache
+    cache, dense.cache = dense.cache, None
     whole = judge_logits(parts, ids, dense, new)
     assert from_cache.shape == whole.shape == (6, whole.shape[-1])
     torch.testing.assert_close(from_cache, whole, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(
+        again, judge_logits(parts, ids, dense, new[::-1]), rtol=1e-4, atol=1e-4
+    )
+    assert cache.get_seq_length() == ids.shape[1]
+
+
+def test_a_second_density_on_the_same_prompt_reuses_the_dense_side(tiny):
+    """The dense side of a prompt is computed once per model: a run at another density reuses
+    it (dense_reused) with metrics equal to a run that computes it afresh; another prompt or
+    another number of new tokens does not reuse it."""
+    prompt = license_text()[:900]
+    opts = RunOptions(max_new_tokens=5)
+    tiny.dense_memo = None
+    first = run(tiny, prompt, SketchWalkConfig(block_size=16, density=0.5), opts)
+    assert first.metrics["dense_reused"] is False
+    second = run(tiny, prompt, SketchWalkConfig(block_size=16, density=0.3), opts)
+    assert second.metrics["dense_reused"] is True
+    tiny.dense_memo = None
+    fresh = run(tiny, prompt, SketchWalkConfig(block_size=16, density=0.3), opts)
+    assert fresh.metrics["dense_reused"] is False
+    assert second.dense_text == fresh.dense_text == first.dense_text
+    for key in ("kl_mean", "top1_agreement", "ppl_dense", "ppl_sparse", "gen_kl_mean"):
+        assert second.metrics[key] == pytest.approx(fresh.metrics[key], rel=1e-5, abs=1e-7), key
+    other = run(tiny, prompt, SketchWalkConfig(block_size=16, density=0.3), RunOptions(4))
+    assert other.metrics["dense_reused"] is False
+    shorter = run(tiny, prompt[:700], SketchWalkConfig(block_size=16), RunOptions(4))
+    assert shorter.metrics["dense_reused"] is False
 
 
 def test_a_run_reports_clean_medians_and_their_spread(tiny):
