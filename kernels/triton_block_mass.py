@@ -173,6 +173,62 @@ def _tile(value: int | None, default: int, name: str) -> int:
     return value
 
 
+def tiles(
+    rows: int, r: int, block_rows: int | None = None, block_n: int | None = None
+) -> tuple[int, int, int, int]:
+    """(BLOCK_ROWS, BLOCK_N, BLOCK_R, splits) of a launch whose largest row block holds `rows`
+    rows (query heads x scored queries) of sketch width r: wide sketches get fewer rows a
+    program, a row block with more rows than a program holds splits over programs."""
+    br = max(16, _pow2(r))
+    cap = 128 if br <= 32 else 64 if br <= 64 else 32
+    bm = _tile(block_rows, max(16, min(_pow2(rows), cap)), "block_rows")
+    bn = _tile(block_n, 64, "block_n")
+    return bm, bn, br, -(-rows // bm)
+
+
+def block_mass_work(
+    pos: torch.Tensor,
+    lk: int,
+    block_size: int,
+    heads: int,
+    kv_heads: int,
+    r: int,
+    batch: int = 1,
+    block_rows: int | None = None,
+    block_n: int | None = None,
+) -> dict[str, int]:
+    """What one launch of pooled_block_mass_kernel computes, counted from its grid and loop
+    bounds (no padding keys, one span of real keys from 0): score multiply-adds (tl.dot, padded
+    tiles included) and exponentials (exp2 elements), for queries at positions pos [S] (CPU)
+    against lk keys. Pass 1 runs every key tile up to the row block's last query (a tile's
+    scores, then one exp2 a score and one a row); pass 2 the same tiles again (one exp2 a
+    score)."""
+    gh, b = heads // kv_heads, block_size
+    blk = pos.to(torch.int64) // b
+    rows_per_block = torch.bincount(blk - blk[0])
+    bm, bn, br, splits = tiles(gh * int(rows_per_block.max()), r, block_rows, block_n)
+    macs = exps = 0
+    for i in range(int(blk[0]), int(blk[-1]) + 1):
+        last = pos[blk == i]
+        if last.numel() == 0:
+            continue
+        hi = min(int(last.max()) + 1, lk)
+        t1 = -(-hi // bn)
+        t2 = -(-hi // b) * (b // bn) if b >= bn else t1
+        macs += (t1 + t2) * bm * bn * br
+        exps += t1 * (bm * bn + bm) + t2 * bm * bn
+    programs = splits * batch * kv_heads
+    return {"macs": macs * programs, "exps": exps * programs}
+
+
+def dense_attention_work(length: int, heads: int, head_dim: int, batch: int = 1) -> dict[str, int]:
+    """A causal dense attention layer's work without padding: each of the T(T+1)/2 visible
+    query-key pairs of every head costs head_dim multiply-adds for its score and head_dim for
+    its value, and one exponential."""
+    pairs = batch * heads * length * (length + 1) // 2
+    return {"macs": 2 * head_dim * pairs, "exps": pairs}
+
+
 def pooled_block_mass_triton(
     qs: torch.Tensor,
     q_valid: torch.Tensor,
@@ -236,12 +292,7 @@ def pooled_block_mass_triton(
     qv = q_valid.to(torch.int8)
 
     cuda = dev.type == "cuda"
-    br = max(16, _pow2(r))
-    rows = gh * maxq
-    cap = 128 if br <= 32 else 64 if br <= 64 else 32
-    bm = _tile(block_rows, max(16, min(_pow2(rows), cap)), "block_rows")
-    bn = _tile(block_n, 64, "block_n")
-    splits = -(-rows // bm)
+    bm, bn, br, splits = tiles(gh * maxq, r, block_rows, block_n)
     out = torch.zeros(bsz, hkv, nrows, n, device=dev, dtype=torch.float32)
     grid = (nrows * splits, bsz * hkv)
     kernel[grid](
@@ -256,4 +307,11 @@ def pooled_block_mass_triton(
     return out
 
 
-__all__ = ["normalise_rows", "pooled_block_mass_kernel", "pooled_block_mass_triton"]
+__all__ = [
+    "block_mass_work",
+    "dense_attention_work",
+    "normalise_rows",
+    "pooled_block_mass_kernel",
+    "pooled_block_mass_triton",
+    "tiles",
+]

@@ -82,3 +82,37 @@ def test_engine_transition_takes_the_kernel_and_agrees_with_the_cpu_path(monkeyp
     assert fused.shape == plain.shape
     assert (fused - plain).abs().max() < 1e-5
     assert torch.allclose(fused.sum(-1), torch.ones_like(fused.sum(-1)))
+
+
+@pytest.mark.parametrize(
+    "shape, block_n",
+    [((1, 4, 2, 200, 24, 16, 4, None), None), ((2, 8, 2, 300, 64, 64, 8, None), None),
+     ((1, 6, 3, 130, 32, 32, 2, None), 32), ((1, 8, 2, 48, 16, 16, 0, None), None)],
+)  # fmt: skip
+def test_counted_work_is_what_the_interpreter_executes(shape, block_n, monkeypatch):
+    """block_mass_work (the GPU cost the benchmarks report) counts, from the launch grid and the
+    loop bounds, exactly the score multiply-adds (tl.dot) and exponentials (exp2) the kernel
+    executes: traced here on the interpreter's builder."""
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    from sketchwalk.kernels.triton_block_mass import block_mass_work
+
+    seen = {"macs": 0, "exps": 0}
+    dot, exp2 = InterpreterBuilder.create_dot, InterpreterBuilder.create_exp2
+
+    def traced_dot(self, a, b, *args):
+        seen["macs"] += a.data.shape[0] * a.data.shape[1] * b.data.shape[1]
+        return dot(self, a, b, *args)
+
+    def traced_exp2(self, arg):
+        seen["exps"] += arg.data.size
+        return exp2(self, arg)
+
+    monkeypatch.setattr(InterpreterBuilder, "create_dot", traced_dot)
+    monkeypatch.setattr(InterpreterBuilder, "create_exp2", traced_exp2)
+    qs, q_valid, pos, ks, k_valid, b = _inputs(shape)
+    bsz, h, hkv, t, r = shape[:5]
+    pooled_block_mass_triton(qs, q_valid, pos, ks, k_valid, b, r, 1.0, "max", torch.float32,
+                             block_n=block_n)  # fmt: skip
+    want = block_mass_work(pos, t, b, h, hkv, r, bsz, block_n=block_n)
+    assert seen == want and want["exps"] > 0
