@@ -462,10 +462,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # blocks read by 64-query tiles, the sampled estimator in every layer with 8 queries a block
     # scored in the full sketch, no walk (it did not help on this model).
     "default": {},
-    # The defaults until 2026-12-06, for speed on a CPU: 32-token key blocks (the kernel's calls
-    # twice as long), the sampled estimator (4 queries a block, a fitted rank-24 basis) in the
-    # first 70% of the layers and block means after; GPL-3 KL 0.032, perplexity +3.5%, Apache-2.0
-    # 0.086, fewer pass keys than dense on prompts never tuned on.
+    # Speed on a CPU before fidelity: 32-token key blocks (the kernel's calls twice as long),
+    # the sampled estimator (4 queries a block, a fitted rank-24 basis) in the first 70% of the
+    # layers and block means after; GPL-3 KL 0.032, perplexity +3.5%, Apache-2.0 0.086, fewer
+    # pass keys than dense on prompts never tuned on.
     "lean": {
         "block_size": 32,
         "estimator": "mean",
@@ -475,8 +475,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
     # Fidelity first: the defaults with every query scored, so a block's estimate is its exact
     # mass in the sketch (Apache-2.0 KL 0.038, as the exact-mass oracle's 0.038, against the
-    # defaults' 0.042), for twice the defaults' estimator work. The walk, on here until
-    # 2026-12-06, did not help (0.043 with it).
+    # defaults' 0.042), for twice the defaults' estimator work. The walk does not help here
+    # (0.043 with it).
     "fidelity": {"block_size": 16, "estimator": "sampled", "query_samples": 0, "score_rank": 0},
     # Speed first: 64-token blocks (the CPU kernel's calls stay long) and the block-mean
     # estimator; per-group lists and one budget per layer as in the default; decode re-selects
@@ -538,7 +538,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # What each preset is for, in the words the command line's and the app's help show.
 PRESET_NOTES: dict[str, str] = {
     "default": "every quality target met at the best measured speed",
-    "lean": "the defaults until 2026-12-06: 32-token blocks, a cheaper estimator: CPU speed first",
+    "lean": "32-token blocks and a cheaper estimator: CPU speed first, about twice the KL",
     "fidelity": "the defaults with every query scored: closest to dense, twice the estimator",
     "fast": "64-token blocks and block means: speed first",
     "gpu": "128-query tiles over 32-token blocks, sampled everywhere: CUDA's default",

@@ -93,7 +93,7 @@ def stagger_phase(layer: int) -> float:
 def _window_push(st: DecodeLayerState, qs: torch.Tensor, w: int, lk: int, b: int) -> None:
     """Append one sketched query [B, H, 1, r] (position lk - 1) to the window of the last w: a
     buffer of 2w slots that moves its last w - 1 queries to the front once every w + 1 tokens
-    (the cat it replaces copied the whole window every token); the window is the same tensor
+    (a cat would copy the whole window every token); the window is the same tensor
     values in the same order. The window's logit rows (window_logits) move with their slots."""
     buf, end = st.window_buf, st.window_end
     if buf is None:  # first token after a prefill or chunk: take the window over

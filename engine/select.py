@@ -286,8 +286,8 @@ def layer_budget_keep(
 
 def _tile_sums(x: torch.Tensor, tiles: Tiles, op: str = "sum") -> torch.Tensor:
     """[..., nq, nk] -> [..., ng, nk] float: the sum (op "sum") or max (op "max", -inf where a
-    tile is empty) over each tile's rows. Regular tiles reduce through a padded view; the
-    one-hot product it replaces cost ng x nq x nk (~5 ms a layer at 7k tokens)."""
+    tile is empty) over each tile's rows. Regular tiles reduce through a padded view (a one-hot
+    product would cost ng x nq x nk, ~5 ms a layer at 7k tokens)."""
     ng, nq = tiles.count, tiles.gid.shape[0]
     x = x.float()
     if tiles.regular:

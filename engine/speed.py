@@ -239,8 +239,8 @@ def machine_text(versions: Mapping[str, Any] | None) -> str | None:
     threads = v.get("threads")
     if threads:
         threads = f"{threads} thread" + ("" if threads == "1" else "s")
-    # no C kernels where it ran (no compiler: a ~2x slower selection): said, not the norm; runs
-    # stored in 2026-12-03 kept only the block softmax's kind
+    # no C kernels where it ran (no compiler: a ~2x slower selection): said, not the norm; some
+    # stored runs name only the block softmax's kind
     off = v.get("c_kernels") == "off" or v.get("block_softmax") == "torch"
     slow = "C kernels off" if off else None
     how = ", ".join(x for x in (v.get("isa"), threads, slow) if x)
