@@ -226,10 +226,12 @@ class Worker:
         return job.id
 
     def _admit(self, job) -> bool:
-        """The deployment's model list, for every job kind and runner, before anything loads:
-        a job naming no model gets the deployment's default; one naming an unlisted model is
+        """A request that did not parse fails at once, then the deployment's model list, for every
+        job kind and runner, before anything loads: a job naming no model gets the deployment's default; one naming an unlisted model is
         failed (through its claim) in a line that reveals nothing about the model."""
         try:
+            if job.invalid is not None:
+                raise SketchWalkError(job.invalid)
             model = access.load().job_model(job.request.get("model"))
         except SketchWalkError as exc:
             message = first_line(exc)
