@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
         return 141  # 128 + SIGPIPE, what a shell reports for a command killed by it
     except KeyboardInterrupt as exc:  # SIGINT, or SIGTERM during a run (exit 128 + signal)
-        print(f"sketchwalk: {exc or 'interrupted'}", file=sys.stderr)
+        print(f"sketchwalk: {terminal_safe(str(exc)) or 'interrupted'}", file=sys.stderr)
         return int(getattr(exc, "exit_code", 130))
     except SketchWalkError as exc:
         print(f"sketchwalk: error: {terminal_safe(str(exc))}", file=sys.stderr)

@@ -192,10 +192,20 @@ class RunsMixin:
 
     def delete_run(self, run_id: str) -> None:
         """Remove a run and every row that belongs to it (scores, stats, tokens, jobs)."""
+        self.delete_runs([run_id])
+
+    def delete_runs(self, run_ids: list[str]) -> None:
+        """Remove several runs in one transaction: all of them or, on any error or interrupt,
+        none (an unknown id raises UnknownRunError before anything is deleted)."""
+        ids = list(dict.fromkeys(str(i) for i in run_ids))
         with self._begin() as conn:
-            require_run(conn, run_id)
-            self._delete_rows(conn, run_id, keep_run=False)
-            conn.execute(schema.jobs.delete().where(schema.jobs.c.run_id == run_id))
+            for run_id in ids:
+                require_run(conn, run_id)
+            for start in range(0, len(ids), 500):  # bounded IN lists
+                chunk = ids[start : start + 500]
+                for table in schema.RUN_TABLES:
+                    conn.execute(table.delete().where(schema.run_key(table).in_(chunk)))
+                conn.execute(schema.jobs.delete().where(schema.jobs.c.run_id.in_(chunk)))
 
     @staticmethod
     def _delete_rows(conn: Connection, run_id: str, keep_run: bool) -> None:
