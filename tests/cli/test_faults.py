@@ -371,6 +371,7 @@ def test_db_that_is_not_a_database_is_refused_and_nothing_is_written(
 
 
 def test_db_accepts_a_new_path_and_an_existing_store(tmp_path, capsys):
+    (tmp_path / "new").mkdir()
     fresh = tmp_path / "new" / "runs"  # no suffix: a new DuckDB file
     assert main(["runs", "--db", str(fresh)]) == 0
     assert main(["runs", "--db", str(fresh)]) == 0  # and it is a database now
