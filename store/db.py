@@ -310,6 +310,14 @@ def db_utcnow(conn: Connection) -> datetime:
     return utcnow()
 
 
+def db_clock(conn: Connection) -> datetime:
+    """The database's clock now, as naive UTC: on PostgreSQL `clock_timestamp()`, not `now()`
+    (the transaction's start), so the last statement of a long save stamps its commit time."""
+    if conn.dialect.name == "postgresql":
+        return conn.execute(sa.text("SELECT (clock_timestamp() AT TIME ZONE 'utc')")).scalar()
+    return utcnow()
+
+
 def check_version(found: int, what: str) -> None:
     """Refuse data written with another schema version, saying which side is newer."""
     if found == schema.SCHEMA_VERSION:

@@ -82,3 +82,28 @@ def test_a_plain_keyboard_interrupt_prints_interrupted(monkeypatch, capsys):
     monkeypatch.setattr(cli_store, "cmd_runs", stop)
     assert main(["runs"]) == 130
     assert capsys.readouterr().err == "sketchwalk: interrupted\n"
+
+
+@pytest.mark.heavy
+def test_delete_on_a_full_disk_is_one_line_and_deletes_nothing(db_path):
+    import subprocess
+    import sys
+
+    with open_store(str(db_path)) as store:
+        ids = [saved_run(store, seed=i)[0] for i in range(5)]
+    wal = db_path.with_name(db_path.name + ".wal")
+    wal.symlink_to("/dev/full")  # every write to the log is refused: ENOSPC
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "sketchwalk.cli.main", "delete", "--db", str(db_path), *ids],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        wal.unlink()
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "no run was deleted" in out.stderr and "No space left on device" in out.stderr
+    with open_store(str(db_path)) as store:
+        assert set(store.run_ids()) == set(ids)
