@@ -8,12 +8,17 @@ import math
 import os
 import sys
 
+from sketchwalk.cli import flags
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.kernels.backends import REGISTRY
 
 from .knobs import add_config_args, config_from_args
 
 DEFAULT_TEXT = "/usr/share/common-licenses/GPL-3"
+SEQ_LEN = flags.count("--seq-len", 1, flags.MAX_TOKENS)
+REPEATS = flags.count("--repeats", 1, 10_000)
+BLOCK = flags.count("--block-size", 1, 4096)
+DENSITY = flags.number("--density")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,11 +38,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--seq-len", type=int, nargs="+", default=[4096, 16384], metavar="N")
-    p.add_argument("--density", type=float, nargs="+", default=[0.1, 0.2, 0.3], metavar="RHO")
+    p.add_argument("--seq-len", type=SEQ_LEN, nargs="+", default=[4096, 16384], metavar="N")
+    p.add_argument("--density", type=DENSITY, nargs="+", default=[0.1, 0.2, 0.3], metavar="RHO")
     p.add_argument("--shape", nargs="+", default=["smollm2"], choices=sorted(SHAPES))
     p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
-    p.add_argument("--repeats", type=int, default=3, metavar="N")
+    p.add_argument("--repeats", type=REPEATS, default=3, metavar="N")
     p.add_argument("--phase", default="prefill", choices=["prefill", "decode", "both"])
     p.add_argument("--backend", default=None, choices=list(REGISTRY), help="kernel backend")
     p.add_argument(
@@ -45,13 +50,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="prefill: also time PyTorch FlexAttention on the same lists (compiles, 10-20 s)",
     )
-    p.add_argument("--block-size", type=int, default=None, metavar="B", help="default: config's")
+    p.add_argument("--block-size", type=BLOCK, default=None, metavar="B", help="default: config's")
     p.add_argument(
-        "--query-block", type=int, default=None, metavar="M", help="query tile (default: config's)"
+        "--query-block",
+        type=flags.count("--query-block", 1, 4096),
+        default=None,
+        metavar="M",
+        help="query tile (default: config's)",
     )
     p.add_argument(
         "--layer-depth",
-        type=float,
+        type=flags.number("--layer-depth"),
         default=0.0,
         metavar="D",
         help="the timed layer's depth in a model, 0-1: below --sampled-depth it estimates with "
@@ -73,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "on random token ids instead (a GPU host without the weights)."
         ),
     )
-    m.add_argument("--model", default=None, help="HF id or local folder (default: SmolLM2-135M)")
+    flags.add_model(m, None, "HF id or local folder (default: SmolLM2-135M)")
     m.add_argument(
         "--random-weights",
         default=None,
@@ -82,15 +91,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "smollm2, tiny) on random token ids; honest for timing, meaningless for quality",
     )
     m.add_argument(
-        "--layers", type=int, default=None, metavar="N", help="--random-weights: decoder layers"
+        "--layers",
+        type=flags.count("--layers", 1, flags.MAX_LAYERS),
+        default=None,
+        metavar="N",
+        help="--random-weights: decoder layers",
     )
     m.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    m.add_argument("--device", default="cpu")
-    m.add_argument("--seq-len", type=int, nargs="+", default=[2048, 4096, 7376], metavar="N")
-    m.add_argument("--density", type=float, default=0.2, metavar="RHO")
-    m.add_argument("--block-size", type=int, default=None, metavar="B", help="default: config's")
-    m.add_argument("--new-tokens", type=int, default=8, metavar="N", help="decode steps timed")
-    m.add_argument("--repeats", type=int, default=3, metavar="N")
+    flags.add_device(m)
+    m.add_argument("--seq-len", type=SEQ_LEN, nargs="+", default=[2048, 4096, 7376], metavar="N")
+    m.add_argument("--density", type=DENSITY, default=0.2, metavar="RHO")
+    m.add_argument("--block-size", type=BLOCK, default=None, metavar="B", help="default: config's")
+    m.add_argument(
+        "--new-tokens", type=flags.count("--new-tokens", 0, 1 << 16), default=8, metavar="N",
+        help="decode steps timed",
+    )  # fmt: skip
+    m.add_argument("--repeats", type=REPEATS, default=3, metavar="N")
     m.add_argument("--prompt-file", default=str(DEFAULT_TEXT), metavar="FILE")
     m.add_argument("--all-logits", action="store_true", help="prefill computes every logit")
     m.add_argument("--backend", default=None, choices=list(REGISTRY), help="kernel backend")

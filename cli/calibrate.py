@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from sketchwalk.cli import flags
 from sketchwalk.cli.eval import add_model_args
 from sketchwalk.cli.knobs import add_config_args, config_from_args
 from sketchwalk.errors import SketchWalkError
@@ -28,7 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="gpl-3",
         help="a text source (gpl-3, apache-2.0, ... as for `sketchwalk eval`) or a file path",
     )
-    p.add_argument("--tokens", type=int, default=6000, help="tokens of the text (default 6000)")
+    p.add_argument(
+        "--tokens", type=flags.count("--tokens", 1, flags.MAX_TOKENS), default=6000,
+        help="tokens of the text (default 6000)",
+    )  # fmt: skip
     p.add_argument(
         "--out",
         metavar="PATH",

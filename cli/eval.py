@@ -15,6 +15,7 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
+from sketchwalk.cli import flags
 from sketchwalk.cli.knobs import add_config_args, config_from_args
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.kernels.backends import REGISTRY
@@ -42,19 +43,50 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_rope_arg(p)
     p.add_argument(
         "--methods",
+        type=flags.text_list("--methods"),
         default=None,
         help="comma-separated methods (default: every registered sparse method)",
     )
-    p.add_argument("--densities", default="0.1,0.2,0.3,0.5", help="comma-separated targets")
-    p.add_argument("--tasks", default="lm,retrieval", help="comma-separated task specs")
     p.add_argument(
-        "--lengths", default="2048", help="comma-separated prompt / chunk lengths in tokens"
+        "--densities",
+        type=flags.text_list("--densities"),
+        default="0.1,0.2,0.3,0.5",
+        help="comma-separated targets",
     )
-    p.add_argument("--depths", default="0.1,0.5,0.9", help="retrieval needle depths in [0, 1]")
-    p.add_argument("--per-depth", type=int, default=1, help="retrieval prompts per depth")
-    p.add_argument("--seed", type=int, default=0, help="retrieval generator seed")
-    p.add_argument("--max-chunks", type=int, default=None, help="at most N chunks per document")
-    p.add_argument("--new-tokens", type=int, default=8, help="greedy tokens for answered items")
+    p.add_argument(
+        "--tasks",
+        type=flags.text_list("--tasks"),
+        default="lm,retrieval",
+        help="comma-separated task specs",
+    )
+    p.add_argument(
+        "--lengths",
+        type=flags.text_list("--lengths"),
+        default="2048",
+        help="comma-separated prompt / chunk lengths in tokens",
+    )
+    p.add_argument(
+        "--depths",
+        type=flags.text_list("--depths"),
+        default="0.1,0.5,0.9",
+        help="retrieval needle depths in [0, 1]",
+    )
+    p.add_argument(
+        "--per-depth", type=flags.count("--per-depth", 1, 10_000), default=1,
+        help="retrieval prompts per depth",
+    )  # fmt: skip
+    p.add_argument(
+        "--seed", type=flags.count("--seed", 0, (1 << 32) - 1), default=0,
+        help="retrieval generator seed",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-chunks", type=flags.count("--max-chunks", 1, 1_000_000), default=None,
+        help="at most N chunks per document",
+    )  # fmt: skip
+    p.add_argument(
+        "--new-tokens", type=flags.count("--new-tokens", 1, 1 << 16), default=8,
+        help="greedy tokens for answered items",
+    )  # fmt: skip
     p.add_argument("--backend", default=None, choices=list(REGISTRY))
     p.add_argument("--db", metavar="URL", help="store URL or DuckDB file (default: $SKETCHWALK_DB)")
     p.add_argument("--no-store", action="store_true", help="do not write the rows to the store")
@@ -70,9 +102,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """--model, --dtype, --device: the model a grid runs on (eval, frontier)."""
-    p.add_argument("--model", default="smollm2", help="model id or folder (default: smollm2)")
+    flags.add_model(p, "smollm2", "model id or folder (default: smollm2)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    flags.add_device(p, help="cpu or cuda[:N]")
 
 
 def add_rope_arg(p: argparse.ArgumentParser) -> None:
@@ -113,7 +145,9 @@ def _floats(text: str, what: str, lo: float, hi: float, lo_open: bool) -> tuple[
         try:
             v = float(part)
         except ValueError:
-            raise SketchWalkError(f"--{what} takes comma-separated numbers, got {part!r}") from None
+            raise SketchWalkError(
+                f"--{what} takes comma-separated numbers, got {flags.shown(part)}"
+            ) from None
         bad = math.isnan(v) or v > hi or (v <= lo if lo_open else v < lo)
         if bad:
             rng = f"({lo:g}, {hi:g}]" if lo_open else f"[{lo:g}, {hi:g}]"
@@ -124,17 +158,19 @@ def _floats(text: str, what: str, lo: float, hi: float, lo_open: bool) -> tuple[
     return tuple(dict.fromkeys(out))
 
 
-def _ints(text: str, what: str) -> tuple[int, ...]:
+def _ints(text: str, what: str, hi: int = flags.MAX_TOKENS) -> tuple[int, ...]:
     out = []
     for part in (x.strip() for x in text.split(",") if x.strip()):
         try:
-            v = int(part)
+            v = int(part) if len(part) <= 40 else None
         except ValueError:
+            v = None
+        if v is None:
             raise SketchWalkError(
-                f"--{what} takes comma-separated integers, got {part!r}"
+                f"--{what} takes comma-separated integers, got {flags.shown(part)}"
             ) from None
-        if v < 1:
-            raise SketchWalkError(f"--{what} values must be positive, got {v}")
+        if not 1 <= v <= hi:
+            raise SketchWalkError(f"--{what} values must be in 1..{hi}, got {v}")
         out.append(v)
     if not out and what != "dense-layers":
         raise SketchWalkError(f"--{what} is empty")

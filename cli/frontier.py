@@ -8,6 +8,7 @@ import json
 import sys
 import uuid
 
+from sketchwalk.cli import flags
 from sketchwalk.cli.eval import add_model_args, add_rope_arg, grid_progress, rope_scale
 from sketchwalk.cli.knobs import add_config_args, config_from_args
 from sketchwalk.errors import SketchWalkError
@@ -28,16 +29,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     add_rope_arg(p)
     p.add_argument(
-        "--tasks", default="lm:gpl-3", help="task specs as for `sketchwalk eval` (default lm:gpl-3)"
+        "--tasks",
+        type=flags.text_list("--tasks"),
+        default="lm:gpl-3",
+        help="task specs as for `sketchwalk eval` (default lm:gpl-3)",
     )
-    p.add_argument("--lengths", default="2048", help="comma-separated prompt lengths in tokens")
-    p.add_argument("--max-chunks", type=int, default=1, help="chunks per document (default 1)")
+    lists = {
+        "--lengths": ("2048", "comma-separated prompt lengths in tokens"),
+        "--methods": ("sketchwalk,nowalk,streaming", "methods beside the oracle"),
+        "--densities": ("0.2", "comma-separated target densities"),
+        "--blocks": ("16,32,64", "comma-separated block sizes"),
+        "--granularity": ("layer,group", "layer, group or both"),
+    }
+    for flag, (default, help_text) in lists.items():
+        p.add_argument(flag, type=flags.text_list(flag), default=default, help=help_text)
     p.add_argument(
-        "--methods", default="sketchwalk,nowalk,streaming", help="methods beside the oracle"
-    )
-    p.add_argument("--densities", default="0.2", help="comma-separated target densities")
-    p.add_argument("--blocks", default="16,32,64", help="comma-separated block sizes")
-    p.add_argument("--granularity", default="layer,group", help="layer, group or both")
+        "--max-chunks", type=flags.count("--max-chunks", 1, 1_000_000), default=1,
+        help="chunks per document (default 1)",
+    )  # fmt: skip
     p.add_argument("--db", metavar="URL", help="store URL or DuckDB file (default: $SKETCHWALK_DB)")
     p.add_argument("--no-store", action="store_true", help="do not write the rows to the store")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -60,7 +69,7 @@ def build(args: argparse.Namespace):
     spec = frontier_spec(
         _methods(args.methods),
         _floats(args.densities, "densities", 0.0, 1.0, lo_open=True),
-        _ints(args.blocks, "blocks"),
+        _ints(args.blocks, "blocks", hi=4096),
         [g.strip() for g in args.granularity.split(",") if g.strip()],
         base,
     )

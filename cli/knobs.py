@@ -9,6 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from sketchwalk.cli import flags
+
+INT_KNOB = (-(1 << 31), (1 << 31) - 1)  # any int knob's parse range; its own range is the config's
+
 
 def flag_name(name: str, flag: str = "") -> str:
     return "--" + (flag or name).replace("_", "-")
@@ -44,9 +48,12 @@ def add_config_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -
         elif t == "str":
             g.add_argument(flag, dest=f.name, choices=k.allowed(), default=None, help=help_text)
         elif t.startswith("tuple"):
-            g.add_argument(flag, dest=f.name, default=None, metavar="IDS", help=help_text)
+            g.add_argument(
+                flag, dest=f.name, type=flags.text_list(flag), default=None, metavar="IDS",
+                help=help_text,
+            )  # fmt: skip
         else:
-            kind = int if t == "int" else float
+            kind = flags.count(flag, *INT_KNOB) if t == "int" else flags.number(flag)
             g.add_argument(flag, dest=f.name, type=kind, default=None, help=help_text)
 
 
@@ -57,13 +64,8 @@ def _show(value: Any) -> str:
 
 
 def parse_ids(text: str, what: str) -> tuple[int, ...]:
-    """'0,1' -> (0, 1); '' -> (); anything else is a one-line error."""
-    from sketchwalk.engine.config import ConfigError
-
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ConfigError(f"{what} must be comma-separated integers, got {text!r}") from None
+    """'0,1' -> (0, 1); '' -> (); layer indices only (cli/flags.py), else a one-line error."""
+    return flags.layer_ids(text, what)
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:

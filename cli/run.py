@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from sketchwalk.cli import flags
 from sketchwalk.cli.knobs import add_config_args, config_from_args
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.text import terminal_safe, terminal_text
@@ -39,12 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run one prompt dense and sparse and compare them")
     p.add_argument("prompt", nargs="?", help="prompt text (or use --prompt-file)")
     p.add_argument("--prompt-file", help="read the prompt from a file ('-' for stdin)")
-    p.add_argument(
-        "--model", default=None, help="HF id or local folder (default: SmolLM2-135M-Instruct)"
-    )
+    flags.add_model(p, None, "HF id or local folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    flags.add_device(p)
+    p.add_argument("--max-new-tokens", type=flags.count("--max-new-tokens", 0, 1 << 20), default=32)
     p.add_argument(
         "--time-only",
         action="store_true",
@@ -62,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--exact-max-tokens",
-        type=int,
+        type=flags.count("--exact-max-tokens", 0, flags.MAX_TOKENS),
         default=8192,
         help="compute exact block mass up to this context length",
     )

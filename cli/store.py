@@ -147,10 +147,33 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    with open_store(args.db) as store:
-        for run_id in args.run_ids:  # check all first: nothing deleted on a typo
-            store.get_run(run_id)
-        for run_id in args.run_ids:
-            store.delete_run(run_id)
-    print(f"deleted {len(args.run_ids)} run(s)", file=sys.stdout)
+    """One transaction for the whole list (an unknown id deletes nothing). SIGINT and SIGTERM
+    raise Interrupted here; the line it carries says how many runs are gone, read back from the
+    store after the transaction ended (committed or rolled back)."""
+    from sketchwalk.worker.lifecycle import Interrupted, shielded, signals_interrupt
+
+    ids = list(dict.fromkeys(args.run_ids))
+    with signals_interrupt(), open_store(args.db) as store:
+        try:
+            store.delete_runs(ids)
+            print(f"deleted {len(ids)} run(s)", file=sys.stdout)
+        except Interrupted as exc:
+            with shielded():
+                line = _deleted_line(store, ids)
+            raise Interrupted(exc.signum, line) from None
     return 0
+
+
+def _deleted_line(store, ids: list[str]) -> str:
+    """What an interrupted delete left: none or all of `ids` (one transaction), read back."""
+    try:
+        left = set(store.run_ids()) & set(ids)
+    except Exception:  # the store is gone too: say what is known
+        return (
+            f"the delete of {len(ids)} run(s) was stopped; see `sketchwalk runs` for what is left"
+        )
+    if not left:
+        return f"all {len(ids)} run(s) were deleted before it stopped"
+    if len(left) == len(ids):
+        return f"no run was deleted (the {len(ids)} run(s) are deleted in one transaction)"
+    return f"{len(ids) - len(left)} of {len(ids)} run(s) were deleted"

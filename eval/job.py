@@ -88,7 +88,7 @@ class EvalRequest:
         from sketchwalk.eval.grid import GridSpec, configs
         from sketchwalk.eval.items import parse_tasks
 
-        tasks = parse_tasks(self.tasks)
+        tasks = parse_tasks(self.tasks, check_files=False)  # whether a path exists: not said
         if any(kind == "file" for kind, _ in tasks):
             raise SketchWalkError("an eval job cannot read files; use lm or retrieval tasks")
         spec = GridSpec(

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import io
 import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 _CHUNK = 10_000
 _COPY_CHUNK = 200_000  # rows per CSV buffer handed to COPY (bounded memory at 4M rows)
@@ -104,6 +106,64 @@ def insert_arrow(
                 row.update(const)
         conn.execute(table.insert(), rows)
     return data.num_rows
+
+
+STREAM_MEMORY = "256MB"
+"""DuckDB's memory limit while a stream is inserted (its transaction spills past it)."""
+
+
+@contextmanager
+def streaming(engine: Engine) -> Iterator[None]:
+    """Around a transaction that calls `insert_stream`: DuckDB on one thread and under
+    STREAM_MEMORY (database-wide settings, reset to DuckDB's defaults after the transaction
+    ended, committed or not). Statement by statement, or on several threads, DuckDB kept over 1 GB of a 1 GB import
+    in memory until the commit; so it spills instead. Other databases: nothing to set."""
+    if engine.dialect.name != "duckdb":
+        yield
+        return
+    with engine.connect() as conn:
+        raw = _raw_duckdb(conn)
+        raw.execute("SET threads = 1")
+        raw.execute(f"SET memory_limit = '{STREAM_MEMORY}'")
+        try:
+            yield
+        finally:  # the store sets neither, so DuckDB's defaults are what it had
+            raw.execute("RESET threads")
+            raw.execute("RESET memory_limit")
+
+
+def insert_stream(
+    conn: Connection, table: sa.Table, schema: pa.Schema, batches: Iterable[pa.RecordBatch]
+) -> None:
+    """Append every batch of `batches` (pulled one at a time) in the caller's transaction; on
+    DuckDB one INSERT reading a RecordBatchReader (see `streaming`). An exception the batches
+    raise is raised as itself, not as DuckDB's wrapping of it."""
+    if not _is_duckdb(conn):
+        for batch in batches:
+            insert_arrow(conn, table, pa.Table.from_batches([batch], schema=schema))
+        return
+    raised: list[BaseException] = []
+
+    def pulled() -> Iterator[pa.RecordBatch]:
+        try:
+            yield from batches
+        except BaseException as exc:
+            raised.append(exc)
+            raise
+
+    raw = _raw_duckdb(conn)
+    view = f"sw_src_{uuid.uuid4().hex}"
+    names = ", ".join(_quote(conn, n) for n in schema.names)
+    raw.register(view, pa.RecordBatchReader.from_batches(schema, pulled()))
+    try:
+        raw.execute(f"INSERT INTO {_quote(conn, table.name)} ({names}) SELECT {names} FROM {view}")
+    except Exception:
+        if raised:
+            raise raised[0] from None
+        raise
+    finally:
+        with suppress(Exception):  # an aborted transaction refuses even this; it ends soon
+            raw.unregister(view)
 
 
 def _copy_in(conn: Connection, table: sa.Table, data: pa.Table, const: dict[str, Any]) -> None:

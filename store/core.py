@@ -72,12 +72,26 @@ def open_store(url: str | None = None) -> Store:
     Raises StoreLockedError when another process holds the DuckDB file, StoreCorruptError for a
     damaged or foreign database, SchemaVersionError for a store of another schema version.
     """
-    resolved = db.resolve_url(url)
-    engine = db.create_engine(resolved)
+    where = db.resolve_target(url)
+    engine = db.create_engine(where)
+    new_file = where.path is not None and not where.path.exists()
     try:
         with db.translating(engine.url, opening=True):
             db.ensure_schema(engine)
     except BaseException:
         engine.dispose()
+        if new_file:
+            _remove_if_empty(where.path)
         raise
     return Store(engine)
+
+
+def _remove_if_empty(path: Path) -> None:
+    """A database file this open created and left empty (a full disk): nothing stays behind.
+    A file with bytes in it may be another process's store and is never touched."""
+    for leftover in (path, path.with_name(path.name + ".wal")):
+        try:
+            if leftover.is_file() and leftover.stat().st_size == 0:
+                leftover.unlink()
+        except OSError:
+            pass

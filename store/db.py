@@ -37,17 +37,20 @@ def data_dir() -> Path:
     return Path(base) / "sketchwalk"
 
 
-def resolve_url(url: str | None = None) -> str:
-    """The database URL to use: the argument, else $SKETCHWALK_DB, else the default DuckDB file.
+def resolve_target(url: str | None = None) -> target.Target:
+    """What to open, parsed once: the argument, else $SKETCHWALK_DB, else the default DuckDB
+    file. A bare filesystem path (no `://`) is a DuckDB file, so `--db runs.duckdb` works; an
+    empty $SKETCHWALK_DB counts as unset, an empty argument is refused."""
+    chosen = url if url is not None else (os.environ.get(ENV_URL) or None)
+    if chosen is None:
+        path = data_dir() / DEFAULT_FILENAME
+        return target.Target("file", f"duckdb:///{path}", "duckdb", path)
+    return target.parse_target(chosen)
 
-    A bare filesystem path (no `://`) is taken as a DuckDB file, so `--db runs.duckdb` works.
-    """
-    chosen = url or os.environ.get(ENV_URL)
-    if not chosen:
-        return f"duckdb:///{data_dir() / DEFAULT_FILENAME}"
-    if "://" not in chosen:
-        return f"duckdb:///{Path(chosen).expanduser().resolve()}"
-    return chosen
+
+def resolve_url(url: str | None = None) -> str:
+    """The database URL `resolve_target` settles on (for the app's environment, messages)."""
+    return resolve_target(url).url
 
 
 def duckdb_path(url: URL) -> Path | None:
@@ -66,14 +69,12 @@ ENV_PASSWORD = "SKETCHWALK_DB_PASSWORD"
 """A server password kept out of the URL (compose sets it), so it needs no URL encoding."""
 
 
-def create_engine(url: str) -> Engine:
-    """An engine for `url`, creating a DuckDB file's folder first so a first run just works.
-
-    A DuckDB target must be a database (store/target.py), checked before anything is created;
-    a server connection gets the lock, idle-transaction and statement timeouts of the settings.
-    """
-    parsed = target.parse_url(url)
-    if parsed.get_backend_name() == "duckdb" and parsed.database in (None, "", ":memory:"):
+def create_engine(where: target.Target) -> Engine:
+    """An engine for a parsed target, after its file checks (store/target.py); only the default
+    data folder is created. A server connection gets the lock, idle-transaction and statement
+    timeouts of the settings."""
+    parsed = target.parse_url(where.url)
+    if parsed.get_backend_name() == "duckdb" and where.kind == "memory":
         # A plain ":memory:" is a separate database per connection (per thread in the pool);
         # a named one is shared by every connection of this process, like a file.
         parsed = parsed.set(database=f":memory:sketchwalk_{uuid.uuid4().hex}")
@@ -81,15 +82,17 @@ def create_engine(url: str) -> Engine:
     server = parsed.get_backend_name() == "postgresql"
     if server and not parsed.password and os.environ.get(ENV_PASSWORD):
         parsed = parsed.set(password=os.environ[ENV_PASSWORD])
-    path = duckdb_path(parsed)
+    path = where.path
     if path is not None:
-        target.check_duckdb_path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(
-                f"cannot create the folder for database {path}: {exc.strerror or exc}"
-            ) from None
+        default_folder = path.parent == data_dir()
+        target.check_file(path, where.backend, may_create_folder=default_folder)
+        if default_folder:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot create the folder for database {path}: {exc.strerror or exc}"
+                ) from None
     # A server may restart or drop idle connections under a long-lived worker: check each
     # pooled connection before use instead of failing the next job.
     options: dict = {"pool_pre_ping": True} if server else {}
@@ -304,6 +307,14 @@ def db_utcnow(conn: Connection) -> datetime:
     Embedded databases live in this process, whose clock is theirs."""
     if conn.dialect.name == "postgresql":
         return conn.execute(sa.text("SELECT (now() AT TIME ZONE 'utc')")).scalar()
+    return utcnow()
+
+
+def db_clock(conn: Connection) -> datetime:
+    """The database's clock now, as naive UTC: on PostgreSQL `clock_timestamp()`, not `now()`
+    (the transaction's start), so the last statement of a long save stamps its commit time."""
+    if conn.dialect.name == "postgresql":
+        return conn.execute(sa.text("SELECT (clock_timestamp() AT TIME ZONE 'utc')")).scalar()
     return utcnow()
 
 

@@ -1,16 +1,19 @@
 """One table file of an import, decoded within its caps: rows and bytes counted while reading.
 
 A Parquet file is small on disk and large in memory: a 325 KB file of 10M constant rows decoded
-to 1.35 GB, a 2 MB zip held a 2 GB tokens table. So a file is never read whole. Its footer's row
-count must match the manifest and fit the caps, its declared decoded size must fit, and then it
-is read in batches (strings kept dictionary-encoded) whose rows and dense size (what the table
-will take once decoded) are counted as they come; the read stops at the first cap crossed, before
-the table is materialised. Text must be valid UTF-8.
+to 1.35 GB, a 2 MB zip held a 2 GB tokens table. So a file is never read whole, and a table is
+never materialised: its footer's row count must match the manifest and fit the caps, its
+declared decoded size must fit, and then it is read from disk in batches of 65,536 rows (strings
+kept dictionary-encoded until the batch is cast) whose rows and dense size (what the table takes
+once decoded) are counted as they come; the read stops at the first cap crossed. The importer
+checks and writes each batch before the next is read. Text must be valid UTF-8.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,18 +35,21 @@ class TableCaps:
     decoded_bytes: int
 
 
-def decode_table(where: str, raw: bytes, table: sa.Table, caps: TableCaps) -> pa.Table:
-    """`raw` as the store's `table`: exactly its columns, cast to their types, within `caps`."""
+def decode_chunks(where: str, path: Path, table: sa.Table, caps: TableCaps) -> Iterator[pa.Table]:
+    """The file at `path` as the store's `table`, one batch at a time (exactly its columns,
+    cast to their types), counting rows and decoded bytes against `caps` as batches come: a
+    batch is yielded only once it fits, so memory holds one batch, never the table."""
     expected = arrow_schema(table)
     strings = [f.name for f in expected if f.type == pa.string()]
     try:
-        names = pq.ParquetFile(pa.BufferReader(raw)).schema_arrow.names  # the footer only
+        names = pq.ParquetFile(path).schema_arrow.names  # the footer only
         if sorted(names) != sorted(expected.names):
             raise ForeignExportError(
                 f"{where} does not have the columns of sketchwalk's {table.name} table; "
                 "not a sketchwalk export"
             )
-        parquet = pq.ParquetFile(pa.BufferReader(raw), read_dictionary=strings)
+        # pre_buffer off: with it, the reader fetches every row group ahead (the whole file)
+        parquet = pq.ParquetFile(path, read_dictionary=strings, pre_buffer=False)
         meta = parquet.metadata
     except (pa.ArrowException, OSError, KeyError, ValueError) as exc:
         if isinstance(exc, ForeignExportError):
@@ -56,36 +62,31 @@ def decode_table(where: str, raw: bytes, table: sa.Table, caps: TableCaps) -> pa
         )
     declared = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
     _check_size(where, declared, caps)
-    batches = _batches(where, parquet, expected.names, caps)
-    try:
-        data = pa.Table.from_batches(batches, schema=batches[0].schema) if batches else None
-        if data is None:
-            return expected.empty_table()
-        return data.select(expected.names).cast(expected)
-    except (pa.ArrowException, ValueError) as exc:
-        raise ForeignExportError(f"{where}: column types do not match: {_line(exc)}") from None
-
-
-def _batches(
-    where: str, parquet: pq.ParquetFile, columns: list[str], caps: TableCaps
-) -> list[pa.RecordBatch]:
-    """Every batch of the file, counting rows and dense bytes against the caps as they come."""
-    out: list[pa.RecordBatch] = []
     rows = size = 0
-    try:
-        for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns):
-            rows += batch.num_rows
-            if rows > caps.rows:
-                raise ForeignExportError(
-                    f"{where} holds more rows than its footer and manifest say ({caps.rows}); "
-                    "nothing was imported"
-                )
-            size += sum(_dense_bytes(where, name, batch.column(name)) for name in columns)
-            _check_size(where, size, caps)
-            out.append(batch)
-    except (pa.ArrowException, OSError) as exc:
-        raise ForeignExportError(f"{where} is not a readable Parquet file: {_line(exc)}") from None
-    return out
+    batches = parquet.iter_batches(batch_size=BATCH_ROWS, columns=expected.names)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as exc:
+            raise ForeignExportError(
+                f"{where} is not a readable Parquet file: {_line(exc)}"
+            ) from None
+        if batch is None:
+            return
+        rows += batch.num_rows
+        if rows > caps.rows:
+            raise ForeignExportError(
+                f"{where} holds more rows than its footer and manifest say ({caps.rows}); "
+                "nothing was imported"
+            )
+        size += sum(_dense_bytes(where, name, batch.column(name)) for name in expected.names)
+        _check_size(where, size, caps)
+        try:
+            chunk = pa.Table.from_batches([batch]).select(expected.names).cast(expected)
+        except (pa.ArrowException, ValueError) as exc:
+            raise ForeignExportError(f"{where}: column types do not match: {_line(exc)}") from None
+        del batch
+        yield chunk
 
 
 def _dense_bytes(where: str, name: str, column: pa.Array) -> int:

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from sketchwalk.store import jsonio, schema
 from sketchwalk.store.bulk import arrow_schema, fetch_arrow, insert_arrow
-from sketchwalk.store.db import db_utcnow, utcnow
+from sketchwalk.store.db import db_clock, db_utcnow, utcnow
 from sketchwalk.store.errors import ExportError, InvalidResultError
 
 EVAL_COLUMNS = tuple(c.name for c in schema.eval_results.columns)
@@ -71,6 +71,13 @@ class EvalsMixin:
                 )
             if prepared:
                 insert_arrow(conn, schema.eval_results, data)
+            if job is not None:  # finished when the rows are in (just before the commit)
+                done_at = db_clock(conn)
+                conn.execute(
+                    schema.jobs.update()
+                    .where(schema.jobs.c.id == job[0])
+                    .values(finished_at=done_at, heartbeat_at=done_at)
+                )
         return [r["id"] for r in prepared]
 
     def eval_results(self, **filters: str | Iterable[str] | None) -> pd.DataFrame:

@@ -2,7 +2,8 @@
 
 Parquet because every tool reads it (pandas, polars, DuckDB, Spark). The manifest names the
 schema version and the run ids, so an import can refuse foreign or mismatched files before it
-changes anything; the import itself is one transaction.
+changes anything; the import itself is one transaction, written batch by batch as each is
+checked (store/import_load.py), so a refusal part-way rolls all of it back.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 import sketchwalk
 from sketchwalk.store import schema
-from sketchwalk.store.bulk import fetch_arrow, insert_arrow
+from sketchwalk.store.bulk import fetch_arrow, streaming
 from sketchwalk.store.db import utcnow
 from sketchwalk.store.errors import (
     ExportError,
@@ -32,7 +32,8 @@ from sketchwalk.store.errors import (
     UnknownRunError,
 )
 from sketchwalk.store.frames import clean_strings
-from sketchwalk.store.imports import FORMAT, MANIFEST, ImportLimits, read_export, table_file
+from sketchwalk.store.import_load import load_export
+from sketchwalk.store.imports import FORMAT, MANIFEST, Export, ImportLimits, open_export, table_file
 
 __all__ = ["FORMAT", "MANIFEST", "ExportMixin", "ImportLimits", "table_file"]
 
@@ -142,27 +143,26 @@ class ExportMixin:
     ) -> list[str]:
         """Load an export (folder, its manifest.json, a .zip path, or zip bytes) into this store.
 
-        Everything is checked before the first write and loaded in one transaction. Runs already
+        Every row is checked before it is written, all in one transaction (a refusal rolls the
+        whole import back), one table batch in memory at a time. Runs already
         in the store are refused with RunExistsError (nothing changed) unless `skip_existing`,
         which leaves them as they are and imports the rest. Returns the imported run ids.
         """
-        manifest, tables = read_export(source, limits)
-        ids = list(manifest["run_ids"])
-        try:
-            return self._load_export(ids, tables, skip_existing)
-        except Exception as exc:  # rolled back: the database refused a row we let pass
-            if not _is_driver_error(exc):
-                raise
-            cause = getattr(exc, "orig", None) or exc  # DuckDB's own errors carry no .orig
-            raise ForeignExportError(
-                f"the store refused the import, nothing was imported: {_line(cause)}"
-            ) from None
+        with open_export(source, limits) as export:
+            try:
+                return self._load_export(export, skip_existing)
+            except Exception as exc:  # rolled back: the database refused a row we let pass
+                if not _is_driver_error(exc):
+                    raise
+                cause = getattr(exc, "orig", None) or exc  # DuckDB's own errors carry no .orig
+                raise ForeignExportError(
+                    f"the store refused the import, nothing was imported: {_line(cause)}"
+                ) from None
 
-    def _load_export(
-        self, ids: list[str], tables: dict[str, pa.Table], skip_existing: bool
-    ) -> list[str]:
-        """All of an export's rows in one transaction (already validated)."""
-        with self._begin() as conn:
+    def _load_export(self, export: Export, skip_existing: bool) -> list[str]:
+        """All of an export's rows in one transaction, checked batch by batch as they go in."""
+        ids = export.run_ids
+        with streaming(self.engine), self._begin() as conn:
             present = (
                 {
                     row[0]
@@ -180,12 +180,7 @@ class ExportMixin:
                 )
             new = [i for i in ids if i not in present]
             if new:
-                for table in schema.RUN_TABLES:
-                    data = tables[table.name]
-                    if present:
-                        key = schema.run_key(table).name
-                        data = data.filter(pc.is_in(data[key], pa.array(new)))
-                    insert_arrow(conn, table, data)
+                load_export(conn, export, new)
         return new
 
 

@@ -1,7 +1,11 @@
 """Reading an export for import: an untrusted folder or zip, checked and bounded before any write.
 
+A zip's members are copied to a temporary folder in 1 MiB pieces (never held whole in memory)
+and the tables are read from there, batch by batch (store/decode.py, store/import_load.py).
+
 The caps, each refused in one line with nothing imported:
-- bytes read per file and in all (the zip's declared sizes first, then what really comes out);
+- bytes read per file and in all (the zip's declared sizes first, then what really comes out,
+  counted while copying);
 - the manifest's row counts per table: each within the import's row cap and, for tables keyed
   by a bounded value (tokens, blocks), within what its runs can hold; each file must hold
   exactly those rows, counted while it is read (store/decode.py);
@@ -13,23 +17,25 @@ from __future__ import annotations
 
 import io
 import json
+import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import pyarrow as pa
 import sqlalchemy as sa
 
 from sketchwalk.settings import load as load_settings
 from sketchwalk.store import limits, schema, validate
 from sketchwalk.store.db import check_version
-from sketchwalk.store.decode import TableCaps, decode_table
 from sketchwalk.store.errors import ForeignExportError
 
 MANIFEST = "manifest.json"
 FORMAT = "sketchwalk-export"
 MIB = 1 << 20
+COPY_BYTES = MIB  # a zip member is copied out in pieces of this size
 
 
 def table_file(table: sa.Table) -> str:
@@ -90,6 +96,22 @@ class _Budget:
             raise ForeignExportError(f"{name} in {self.label} is larger than its zip entry says")
         return data
 
+    def copy(self, name: str, stream: BinaryIO, declared: int, target: Path) -> Path:
+        """Copy `stream` to `target` in COPY_BYTES pieces, refusing at the first byte past the
+        cap or past the size the zip declared (memory holds one piece)."""
+        cap = self.take(name, declared)
+        written = 0
+        with target.open("wb") as out:
+            while piece := stream.read(COPY_BYTES):
+                written += len(piece)
+                if written > cap or written > declared:
+                    self.take(name, max(written, cap + 1))  # raises: over the cap
+                    raise ForeignExportError(
+                        f"{name} in {self.label} is larger than its zip entry says"
+                    )
+                out.write(piece)
+        return target
+
 
 def _manifest(raw: bytes, label: str) -> dict[str, Any]:
     """The parsed manifest with a valid format, schema version, run id list and row counts."""
@@ -149,75 +171,83 @@ def _why(per_run: int | None, n_runs: int) -> str:
     return f"{per_run:,} per run for {n_runs} run(s), or SKETCHWALK_IMPORT_MAX_ROWS"
 
 
-def read_export(
-    source: str | Path | bytes, caps: ImportLimits | None = None
-) -> tuple[dict[str, Any], dict[str, pa.Table]]:
-    """Manifest and tables of an export, fully validated; raises ForeignExportError otherwise."""
+@dataclass(frozen=True)
+class Export:
+    """An opened export: its checked manifest, the rows each table file must hold, and where
+    each table file lies on disk (None: missing)."""
+
+    label: str
+    manifest: dict[str, Any]
+    rows: dict[str, int]
+    files: dict[str, Path | None]
+    caps: ImportLimits
+
+    @property
+    def run_ids(self) -> list[str]:
+        return list(self.manifest["run_ids"])
+
+
+@contextmanager
+def open_export(source: str | Path | bytes, caps: ImportLimits | None = None) -> Iterator[Export]:
+    """The manifest checked and every table file on disk (a zip's copied to a temporary folder,
+    removed on exit); raises ForeignExportError (one line) when it is no sketchwalk export."""
     caps = caps or ImportLimits.from_settings()
     label = "the zip" if isinstance(source, (bytes, bytearray)) else str(source)
-    files = _open_source(source, _Budget(caps, label))
-    raw_manifest = files(MANIFEST)
-    if raw_manifest is None:
-        raise ForeignExportError(
-            f"{label} is not a sketchwalk export (no {MANIFEST}); import a folder or zip made "
-            "by `sketchwalk export`"
-        )
-    manifest = _manifest(raw_manifest, label)
-    rows = _row_caps(manifest, label, caps)
-    ids = manifest["run_ids"]
-    tables: dict[str, pa.Table] = {}
-    for table in schema.RUN_TABLES:
-        raw = files(table_file(table))
-        if raw is None:
-            raise ForeignExportError(f"{label} lacks {table_file(table)}; the export is incomplete")
-        where = f"{table_file(table)} in {label}"
-        data = decode_table(where, raw, table, TableCaps(rows[table.name], caps.decoded_bytes))
-        del raw
-        validate.check_table(where, table, data)
-        owners = set(data[schema.run_key(table).name].unique().to_pylist())
-        if table is schema.runs and owners != set(ids):
+    with tempfile.TemporaryDirectory(prefix="sketchwalk-import-") as scratch:
+        files = _open_source(source, _Budget(caps, label), Path(scratch))
+        raw_manifest = files(MANIFEST)
+        if raw_manifest is None:
             raise ForeignExportError(
-                f"runs.parquet in {label} does not match the manifest's run ids"
+                f"{label} is not a sketchwalk export (no {MANIFEST}); import a folder or zip "
+                "made by `sketchwalk export`"
             )
-        if not owners <= set(ids):
+        manifest = _manifest(raw_manifest.read_bytes(), label)
+        rows = _row_caps(manifest, label, caps)
+        paths = {table.name: files(table_file(table)) for table in schema.RUN_TABLES}
+        missing = next((t for t in schema.RUN_TABLES if paths[t.name] is None), None)
+        if missing is not None:
             raise ForeignExportError(
-                f"{table_file(table)} in {label} holds rows of runs not in the manifest"
+                f"{label} lacks {table_file(missing)}; the export is incomplete"
             )
-        tables[table.name] = data
-    validate.check_blocks_in_range(
-        f"block_scores.parquet in {label}", tables["block_scores"], tables["layer_stats"]
-    )
-    return manifest, tables
+        yield Export(label, manifest, rows, paths, caps)
 
 
-def _open_source(source: str | Path | bytes, budget: _Budget):
-    """A function name -> bytes | None over an export folder, manifest path, zip path or bytes."""
+def _open_source(source: str | Path | bytes, budget: _Budget, scratch: Path):
+    """A function name -> Path | None over an export folder, manifest path, zip path or bytes
+    (a zip member is copied under `scratch`, a folder's file is used where it is)."""
     if isinstance(source, (bytes, bytearray)):
-        return _zip_reader(io.BytesIO(bytes(source)), "the zip", budget)
+        return _zip_reader(io.BytesIO(bytes(source)), "the zip", budget, scratch)
     path = Path(source).expanduser()
     if not path.exists():
         raise ForeignExportError(f"{path} does not exist")
     if path.is_dir() or path.name == MANIFEST:
         folder = path if path.is_dir() else path.parent
 
-        def read(name: str) -> bytes | None:
+        def find(name: str) -> Path | None:
             file = folder / name
             if not file.is_file():
                 return None
             try:
-                with file.open("rb") as stream:
-                    return budget.read(name, stream, file.stat().st_size)
+                size = file.stat().st_size
             except OSError as exc:
                 raise ForeignExportError(f"cannot read {file}: {exc.strerror or exc}") from None
+            if name == MANIFEST:  # read here: the manifest is parsed from these bytes
+                with file.open("rb") as stream:
+                    data = budget.read(name, stream, size)
+                copy = scratch / name
+                copy.write_bytes(data)
+                return copy
+            budget.take(name, size)
+            return file
 
-        return read
+        return find
     try:
-        return _zip_reader(path.open("rb"), str(path), budget)
+        return _zip_reader(path.open("rb"), str(path), budget, scratch)
     except OSError as exc:
         raise ForeignExportError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _zip_reader(stream: BinaryIO, label: str, budget: _Budget):
+def _zip_reader(stream: BinaryIO, label: str, budget: _Budget, scratch: Path):
     try:
         zf = zipfile.ZipFile(stream)
         infos = {info.filename: info for info in zf.infolist()}
@@ -235,17 +265,21 @@ def _zip_reader(stream: BinaryIO, label: str, budget: _Budget):
         )
     prefix = manifests[0][: -len(MANIFEST)] if manifests else ""
 
-    def read(name: str) -> bytes | None:
+    def copy(name: str) -> Path | None:
         info = infos.get(prefix + name)
         if info is None:
             return None
         try:
             with zf.open(info) as member:
-                return budget.read(name, member, info.file_size)
+                if name == MANIFEST:
+                    target = scratch / name
+                    target.write_bytes(budget.read(name, member, info.file_size))
+                    return target
+                return budget.copy(name, member, info.file_size, scratch / name)
         except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError) as exc:
             raise ForeignExportError(f"{name} in {label} cannot be read: {_line(exc)}") from None
 
-    return read
+    return copy
 
 
 def _line(exc: BaseException) -> str:

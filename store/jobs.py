@@ -49,12 +49,30 @@ class Job:
     heartbeat_at: datetime | None
     claim: str | None = None
     attempts: int | None = None
+    invalid: str | None = None  # why the row's request is unusable ({} stands in for it)
 
     @classmethod
     def from_row(cls, row: Any) -> Job:
         values = dict(row)
-        values["request"] = jsonio.loads(values["request"])
+        values["request"], values["invalid"] = parse_request(values["request"])
         return cls(**values)
+
+
+def parse_request(text: object) -> tuple[dict[str, Any], str | None]:
+    """A job row's request as a dict, or ({}, why) when the row holds something else (a list, a
+    string, nesting too deep to parse, not JSON): one damaged row must not stop the worker or
+    any page that lists jobs, and the worker fails that job with `why`."""
+    if not isinstance(text, str):
+        return {}, "the job's request is missing or not text; submit it again"
+    try:
+        value = jsonio.loads(text)
+    except (ValueError, RecursionError):
+        return {}, "the job's request is not valid JSON (or nested too deep); submit it again"
+    if not isinstance(value, dict):
+        kinds = {list: "a list", str: "a string", bool: "true or false", type(None): "null"}
+        kind = kinds.get(type(value), "a number")
+        return {}, f"the job's request is {kind}, not a JSON object; submit it again"
+    return value, None
 
 
 def claim_query(dialect: str) -> sa.Select:

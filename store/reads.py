@@ -65,8 +65,9 @@ class ReadsMixin:
         """The one run whose id starts with `prefix` (the app shows 8 characters), else a
         one-line UnknownRunError: none, or several (naming a few)."""
         text = str(prefix).strip().lower()
-        if not text or any(c not in "0123456789abcdef-" for c in text):
-            raise UnknownRunError(f"{prefix!r} is not a run id or the start of one")
+        if not text or len(text) > 36 or any(c not in "0123456789abcdef-" for c in text):
+            shown = str(prefix) if len(str(prefix)) <= 40 else str(prefix)[:39] + "…"
+            raise UnknownRunError(f"{shown!r} is not a run id or the start of one")
         r = schema.runs
         with self._connect() as conn:
             found = [

@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from sketchwalk.engine.records import RunResult
 from sketchwalk.store import frames, jsonio, schema
 from sketchwalk.store.bulk import insert_arrow
-from sketchwalk.store.db import db_utcnow, utcnow
+from sketchwalk.store.db import db_clock, db_utcnow, utcnow
 from sketchwalk.store.errors import InvalidResultError, JobLostError, SaveError
 from sketchwalk.store.reads import require_run
 
@@ -173,6 +173,7 @@ class RunsMixin:
                 self._insert(conn, schema.block_scores, scores, key)
                 self._insert(conn, schema.blocks, spans, key)
                 self._insert(conn, schema.tokens, toks, key)
+                _stamp_finished(conn, run_id, job[0] if job is not None else None)
         except JobLostError:
             raise
         except BaseException as exc:
@@ -192,10 +193,28 @@ class RunsMixin:
 
     def delete_run(self, run_id: str) -> None:
         """Remove a run and every row that belongs to it (scores, stats, tokens, jobs)."""
-        with self._begin() as conn:
-            require_run(conn, run_id)
-            self._delete_rows(conn, run_id, keep_run=False)
-            conn.execute(schema.jobs.delete().where(schema.jobs.c.run_id == run_id))
+        self.delete_runs([run_id])
+
+    def delete_runs(self, run_ids: list[str]) -> None:
+        """Remove several runs in one transaction: all of them or, on any error or interrupt,
+        none (an unknown id raises UnknownRunError before anything is deleted)."""
+        ids = list(dict.fromkeys(str(i) for i in run_ids))
+        try:
+            with self._begin() as conn:
+                for run_id in ids:
+                    require_run(conn, run_id)
+                for start in range(0, len(ids), 500):  # bounded IN lists
+                    chunk = ids[start : start + 500]
+                    for table in schema.RUN_TABLES:
+                        conn.execute(table.delete().where(schema.run_key(table).in_(chunk)))
+                    conn.execute(schema.jobs.delete().where(schema.jobs.c.run_id.in_(chunk)))
+        except Exception as exc:  # a full disk, a lost server: the transaction rolled back
+            if not _is_driver_error(exc):
+                raise
+            raise SaveError(
+                f"cannot delete: {_first_line(getattr(exc, 'orig', None) or exc)}; "
+                "no run was deleted"
+            ) from None
 
     @staticmethod
     def _delete_rows(conn: Connection, run_id: str, keep_run: bool) -> None:
@@ -203,6 +222,23 @@ class RunsMixin:
             if keep_run and table is schema.runs:
                 continue
             conn.execute(table.delete().where(schema.run_key(table) == run_id))
+
+
+def _stamp_finished(conn: Connection, run_id: str, job_id: str | None) -> None:
+    """The save's last statements: the run's (and its job's) finish time is when the rows are
+    in, just before the commit, not when the transaction began (a long COPY lies between)."""
+    done_at = db_clock(conn)
+    conn.execute(
+        schema.runs.update()
+        .where(schema.runs.c.id == run_id)
+        .values(updated_at=done_at, finished_at=done_at)
+    )
+    if job_id is not None:
+        conn.execute(
+            schema.jobs.update()
+            .where(schema.jobs.c.id == job_id)
+            .values(finished_at=done_at, heartbeat_at=done_at)
+        )
 
 
 def _first_line(exc: BaseException) -> str:

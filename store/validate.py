@@ -56,8 +56,8 @@ def is_run_id(value: object) -> bool:
 class _Checker:
     """Raises ForeignExportError on the first bad row of one table file."""
 
-    def __init__(self, where: str, table: sa.Table, data: pa.Table) -> None:
-        self.where, self.table, self.data = where, table, data
+    def __init__(self, where: str, table: sa.Table, data: pa.Table, offset: int = 0) -> None:
+        self.where, self.table, self.data, self.offset = where, table, data, offset
         self.key = schema.run_key(table).name
 
     def fail(self, column: str, mask: pa.ChunkedArray | pa.Array, why: str) -> None:
@@ -68,7 +68,8 @@ class _Checker:
         first = pc.index(mask, True).as_py()
         run = self.data[self.key][first].as_py()
         raise ForeignExportError(
-            f"{self.where}: column {column!r} of run {str(run)[:40]!r} (row {first}) {why}; "
+            f"{self.where}: column {column!r} of run {str(run)[:40]!r} (row {first + self.offset}) "
+            f"{why}; "
             "the export is damaged or was not written by sketchwalk, nothing was imported"
         )
 
@@ -176,9 +177,11 @@ def _q_blocks_inside(where: str, data: pa.Table) -> None:
             )
 
 
-def check_table(where: str, table: sa.Table, data: pa.Table) -> None:
-    """Every rule for one table's rows (columns and types are already the store's)."""
-    c = _Checker(where, table, data)
+def check_table(where: str, table: sa.Table, data: pa.Table, offset: int = 0) -> None:
+    """Every rule for one table's rows (columns and types are already the store's); `data` may
+    be one batch of the file, starting at row `offset` (keys repeated across batches are the
+    database's primary keys to refuse)."""
+    c = _Checker(where, table, data, offset)
     c.not_null()
     c.strings()
     c.ranges()
@@ -210,12 +213,22 @@ def check_table(where: str, table: sa.Table, data: pa.Table) -> None:
         )
 
 
+LAYER_KEYS = ["run_id", "phase", "step", "layer"]
+
+
+def top_blocks(scores: pa.Table) -> pa.Table:
+    """Per recorded layer, the largest query block of `scores` (a batch or all of them)."""
+    top = scores.group_by(LAYER_KEYS).aggregate([("q_block", "max")])
+    return pa.table({**{k: top[k] for k in LAYER_KEYS}, "q_block": top["q_block_max"]})
+
+
 def check_blocks_in_range(where: str, scores: pa.Table, stats: pa.Table) -> None:
     """Every block score belongs to a recorded layer and lies inside its n x n matrix (the
-    heatmap scatters scores by index into an array of that size)."""
+    heatmap scatters scores by index into an array of that size). `scores` may be the
+    `top_blocks` of each batch, concatenated."""
     if scores.num_rows == 0:
         return
-    keys = ["run_id", "phase", "step", "layer"]
+    keys = LAYER_KEYS
     top = scores.group_by(keys).aggregate([("q_block", "max")])
     joined = top.join(stats.select([*keys, "n_blocks"]), keys=keys, join_type="left outer")
     missing = pc.is_null(joined["n_blocks"])

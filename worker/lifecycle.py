@@ -31,10 +31,11 @@ T = TypeVar("T")
 class Interrupted(KeyboardInterrupt):
     """A signal (SIGINT, SIGTERM) stopped a run; `exit_code` is the shell's 128 + signal."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, what: str = "") -> None:
         self.signum = signum
         self.exit_code = 128 + signum
-        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        said = f"interrupted by {signal.Signals(signum).name}"
+        super().__init__(f"{said}: {what}" if what else said)
 
 
 class JobInterrupted(BaseException):
@@ -146,7 +147,7 @@ def execute(
     except BaseException as exc:
         if getattr(exc, "keeps_run_state", False) or _is_lost(exc):
             raise
-        with _shielded():
+        with shielded():
             _record_failure(store, run_id, job, failure_text(exc))
         raise
 
@@ -290,8 +291,9 @@ def _run_heartbeat(store: Any, run_id: str | None, every_s: float) -> Iterator[N
 
 
 @contextmanager
-def _shielded() -> Iterator[None]:
-    """While the failure is written, further SIGINT/SIGTERM wait (main thread only)."""
+def shielded() -> Iterator[None]:
+    """While a failure is written or an outcome read back, further SIGINT/SIGTERM are ignored
+    (main thread only), so a second Ctrl-C cannot cut that short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -226,10 +226,12 @@ class Worker:
         return job.id
 
     def _admit(self, job) -> bool:
-        """The deployment's model list, for every job kind and runner, before anything loads:
-        a job naming no model gets the deployment's default; one naming an unlisted model is
+        """A request that did not parse fails at once, then the deployment's model list, for every
+        job kind and runner, before anything loads: a job naming no model gets the deployment's default; one naming an unlisted model is
         failed (through its claim) in a line that reveals nothing about the model."""
         try:
+            if job.invalid is not None:
+                raise SketchWalkError(job.invalid)
             model = access.load().job_model(job.request.get("model"))
         except SketchWalkError as exc:
             message = first_line(exc)
@@ -257,13 +259,19 @@ class Worker:
         while not done.wait(every):
             try:
                 if not self.store.heartbeat_job(job_id, self.name, claim=claim):
-                    if done.is_set():  # finished between the wait and the write
-                        return
+                    if done.is_set() or self._finished_by_us(job_id, claim):
+                        return  # the job ended (our own save) between the wait and the write
                     log.warning("worker %s: job %s was taken from us", self.name, job_id)
                     self._lost.set()
                     return
             except Exception:  # database hiccup: the next beat (or the timeout) decides
                 log.warning("worker %s: heartbeat for job %s failed", self.name, job_id)
+
+    def _finished_by_us(self, job_id: str, claim: str | None) -> bool:
+        """The job is done or failed under this worker's claim: a beat that missed it is no
+        loss (a save ends the job before the runner returns and stops the beats)."""
+        job = self.store.get_job(job_id)
+        return job.status in ("done", "failed") and job.claim == claim and job.worker == self.name
 
     def checkpoint(self) -> None:
         """Called by the running job at progress points: stop it when asked to or when lost."""

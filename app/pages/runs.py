@@ -115,8 +115,7 @@ with c2:
         disabled=not (picked and confirm),
         key="btn_delete",
     ):
-        for rid in picked:
-            store.delete_run(rid)
+        store.delete_runs(picked)  # one transaction: all of them or none
         widgets.clear_caches()
         st.session_state.pop(widgets.RUN_KEY, None)
         st.session_state.pop("runs_picked", None)

@@ -191,7 +191,8 @@ def pending_densities(run: dict) -> set[float]:
     out = set()
     for status in ("queued", "running"):
         for job in store.list_jobs(status):
-            req, cfg = job.request or {}, (job.request or {}).get("config") or {}
+            req = job.request  # {} for a row that did not parse (store/jobs.py)
+            cfg = req.get("config") if isinstance(req.get("config"), dict) else {}
             same = req.get("prompt") == run["prompt"] and cfg.get("method") == run.get("method")
             models = (None, run.get("model_id"), (run.get("request") or {}).get("model"))
             density = cfg.get("density")

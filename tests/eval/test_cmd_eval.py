@@ -70,7 +70,7 @@ def test_grid_completes_and_writes_the_expected_rows(tiny_model_dir, tmp_path, c
         (["--methods", "dense"], "dense is the reference"),
         (["--densities", "0,0.2"], "--densities values must be in (0, 1]"),
         (["--densities", "a"], "comma-separated numbers"),
-        (["--lengths", "-5"], "must be positive"),
+        (["--lengths", "-5"], "--lengths values must be in 1..2097152, got -5"),
         (["--tasks", "speed"], "unknown task"),
         (["--depths", "1.5"], "--depths values must be in [0, 1]"),
         (["--block-size", "48"], "power of two"),

@@ -29,3 +29,22 @@ def test_an_eval_job_stores_its_rows_and_finishes(tmp_path, tiny_model, models):
         failed = store.get_job(bad)
         assert failed.status == "failed" and "cannot read files" in failed.error
         assert "\n" not in failed.error
+
+
+def test_an_eval_job_says_the_same_for_every_file_path(tmp_path):
+    """Whether a path exists, is unreadable or is missing on the worker's host is not said."""
+    import pytest
+
+    from sketchwalk.errors import SketchWalkError
+    from sketchwalk.eval.job import EvalRequest
+
+    unreadable = tmp_path / "secret.txt"
+    unreadable.write_text("x")
+    unreadable.chmod(0)
+    messages = set()
+    for path in ("/etc/passwd", str(unreadable), str(tmp_path / "missing.txt"), "/etc"):
+        request = EvalRequest.from_dict(eval_request(tasks=f"lm,file:{path}"))
+        with pytest.raises(SketchWalkError) as info:
+            request.spec()
+        messages.add(str(info.value))
+    assert messages == {"an eval job cannot read files; use lm or retrieval tasks"}

@@ -71,11 +71,11 @@ def test_cli_json(capsys):
     [
         (["--density", "0"], "density must be in (0, 1]"),
         (["--density", "1.5"], "density must be in (0, 1]"),
-        (["--seq-len", "0"], "sequence length must be at least 1"),
-        (["--repeats", "0"], "repeats must be at least 1"),
+        (["--seq-len", "0"], "--seq-len must be in 1..2097152, got 0"),
+        (["--repeats", "0"], "--repeats must be in 1..10000, got 0"),
         (["--device", "cuda"], "no CUDA device"),
         (["--layer-depth", "1.5"], "layer depth must be in [0, 1]"),
-        (["--layer-depth", "nan"], "layer depth must be in [0, 1]"),
+        (["--layer-depth", "nan"], "--layer-depth must be a finite number"),
     ],
 )
 def test_cli_bad_input_is_one_line(capsys, extra, message):

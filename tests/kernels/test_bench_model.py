@@ -56,10 +56,10 @@ def test_cli_json_on_tiny_model(tiny_model, tmp_path, capsys):
     "extra,message",
     [
         (["--density", "0"], "density must be in (0, 1]"),
-        (["--repeats", "0"], "repeats must be at least 1"),
-        (["--new-tokens", "-1"], "new tokens must be >= 0"),
+        (["--repeats", "0"], "--repeats must be in 1..10000, got 0"),
+        (["--new-tokens", "-1"], "--new-tokens must be in 0..65536, got -1"),
         (["--decode-reselect", "-2"], "decode reselect must be >= 0"),
-        (["--seq-len", "0"], "sequence length must be at least 1"),
+        (["--seq-len", "0"], "--seq-len must be in 1..2097152, got 0"),
         (["--prompt-file", "/nonexistent/x"], "cannot read prompt file"),
         (["--block-size", "48"], "block size must be a positive power of two"),
         (["--seq-len", "5000"], "exceed"),
@@ -156,7 +156,7 @@ def test_random_model_is_seeded_shaped_and_leaves_the_default_dtype():
     "extra,message",
     [
         (["--random-weights", "gpt-5"], "unknown random-weights shape 'gpt-5'; choose from"),
-        (["--random-weights", "tiny", "--layers", "0"], "layers must be at least 1, got 0"),
+        (["--random-weights", "tiny", "--layers", "0"], "--layers must be in 1..1024, got 0"),
         (["--random-weights", "tiny", "--model", "x"], "give --model or --random-weights"),
         (["--layers", "2"], "--layers applies to --random-weights only"),
         (["--random-weights", "tiny", "--seq-len", "262144"], "exceed random:tiny's context"),

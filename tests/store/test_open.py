@@ -32,7 +32,8 @@ def test_env_url_and_argument_take_precedence(tmp_path, monkeypatch):
     monkeypatch.setenv("SKETCHWALK_DB", f"duckdb:///{tmp_path}/env.duckdb")
     assert resolve_url() == f"duckdb:///{tmp_path}/env.duckdb"
     assert resolve_url("duckdb:///:memory:") == "duckdb:///:memory:"
-    # a bare path is a DuckDB file; its folder is created on first use
+    # a bare path is a DuckDB file, in a folder that exists (only the default one is created)
+    (tmp_path / "deep" / "dir").mkdir(parents=True)
     with open_store(str(tmp_path / "deep" / "dir" / "x.duckdb")) as store:
         assert store.path == tmp_path / "deep" / "dir" / "x.duckdb"
     assert (tmp_path / "deep" / "dir" / "x.duckdb").is_file()
