@@ -277,15 +277,40 @@ def run(
     cfg: SketchWalkConfig,
     opts: RunOptions | None = None,
     progress: Progress | None = None,
+    speed: bool = True,
 ) -> RunResult:
-    """Dense and sparse on the same prompt: generations, metrics, per-layer records, timings."""
+    """Dense and sparse on the same prompt: generations, metrics, per-layer records, timings.
+
+    speed False: the quality half only (no clean passes, whatever opts says); the caller that
+    shows quality first then calls `speed_timings` for the rest."""
     opts = opts or RunOptions()
     ids = tokenize(lm, prompt)
     validate_prompt(ids.shape[1], lm, cfg, opts)
     with PeakMemory(lm.device) as peak:
-        result = _run(lm, prompt, ids, cfg, opts, progress)
+        result = _run(lm, prompt, ids, cfg, opts, progress, speed)
     result.timings.update(peak.as_dict())
     return result
+
+
+def speed_timings(
+    lm: LoadedModel,
+    prompt: str,
+    cfg: SketchWalkConfig,
+    opts: RunOptions,
+    recorded: dict[str, float],
+    progress: Progress | None = None,
+) -> dict[str, float]:
+    """The speed half of a run whose quality half came first (run(..., speed=False)): its clean
+    passes, dense and sparse side by side (never a reused dense side), and what recording added
+    to the `recorded` timings. Empty when opts asks for no clean timing."""
+    ids = tokenize(lm, prompt)
+    repeats = max(1, opts.clean_repeats)
+
+    def on_pass(i: int) -> None:
+        if progress is not None:
+            progress(i / repeats, f"timing clean pass {i + 1}/{repeats}")
+
+    return _clean_timings(lm, ids, cfg, opts, recorded, on_pass)
 
 
 def _run(
@@ -295,13 +320,14 @@ def _run(
     cfg: SketchWalkConfig,
     opts: RunOptions,
     progress: Progress | None,
+    speed: bool = True,
 ) -> RunResult:
     n = ids.shape[1]
     model, tok = lm.model, lm.tokenizer
     eos = tok.eos_token_id
     n_layers = int(model.config.num_hidden_layers)
     passes = 2 * (1 + opts.max_new_tokens)
-    repeats = max(1, opts.clean_repeats) if opts.clean_timing else 0
+    repeats = max(1, opts.clean_repeats) if opts.clean_timing and speed else 0
     total = passes + (passes // 2) * repeats  # a clean pass: ~ a third of the recorded ones
 
     def report(done: float, msg: str) -> None:
@@ -380,16 +406,19 @@ def _run(
         dense_decode_ms_per_token=dense.decode_ms / max(len(dense.new_ids) - 1, 1),
         sparse_decode_ms_per_token=sparse.decode_ms / max(len(sparse.new_ids) - 1, 1),
     )
-    timings.update(
-        _clean_timings(
-            lm,
-            ids,
-            cfg,
-            opts,
-            timings,
-            lambda i: report(passes + (passes // 2) * i, f"timing clean pass {i + 1}/{repeats}"),
+    if speed:
+        timings.update(
+            _clean_timings(
+                lm,
+                ids,
+                cfg,
+                opts,
+                timings,
+                lambda i: report(
+                    passes + (passes // 2) * i, f"timing clean pass {i + 1}/{repeats}"
+                ),
+            )
         )
-    )
     if recorder is not None:
         dense_attn = [
             r.t_dense_ms

@@ -71,3 +71,23 @@ def test_a_run_reports_clean_medians_and_their_spread(tiny):
     assert t["clean_decode_tokens"] >= 1
     assert t["clean_decode_speedup_lo"] <= t["clean_decode_speedup"] <= t["clean_decode_speedup_hi"]
     assert res.metrics["gen_kl_mean"] is not None and res.metrics["gen_kl_mean"] >= 0
+
+
+def test_quality_first_then_speed(tiny):
+    """run(speed=False) is the quality half (no clean pass even when asked); speed_timings then
+    adds the clean passes' medians, spreads and what recording cost."""
+    from sketchwalk.engine.runner import speed_timings
+
+    prompt = license_text()[:700]
+    opts = RunOptions(max_new_tokens=3, clean_timing=True, clean_repeats=2)
+    cfg = SketchWalkConfig(block_size=16)
+    res = run(tiny, prompt, cfg, opts, speed=False)
+    assert res.metrics["kl_mean"] is not None
+    assert not any(k.startswith("clean_") for k in res.timings)
+    seen = []
+    more = speed_timings(tiny, prompt, cfg, opts, res.timings, lambda f, m: seen.append(m))
+    assert more["clean_repeats"] == 2
+    assert more["clean_prefill_speedup_lo"] <= more["clean_prefill_speedup"]
+    assert "recording_overhead_prefill_ms" in more
+    assert seen == ["timing clean pass 1/2", "timing clean pass 2/2"]
+    assert speed_timings(tiny, prompt, cfg, RunOptions(clean_timing=False), res.timings) == {}
