@@ -331,7 +331,24 @@ def layer_panel(
         query_panel(run, int(query["position"]), int(layer), query_row)
     where = (data_phase, step, int(layer))
     dense = bool(row["dense"])
-    density_preview(run, where, dense, n_hm, view, region, blocks, miss_threshold, needle_blocks)
+    stored_groups = tuple(  # the layer's per-group prefill records, all of them or none
+        g
+        for g in group_ids
+        if ((stats["phase"] == group_phase("prefill", g)) & (stats["layer"] == layer)).any()
+    )
+    stored_groups = stored_groups if stored_groups == tuple(range(len(group_ids))) else ()
+    density_preview(
+        run,
+        where,
+        dense,
+        n_hm,
+        view,
+        region,
+        blocks,
+        miss_threshold,
+        needle_blocks,
+        stored_groups,
+    )
     more_views(
         run, stats, blocks, phase, step, int(layer), layers, n_hm, log, palette, needle_blocks
     )
@@ -381,15 +398,40 @@ def query_panel(run: dict, position: int, layer: int, row: int) -> None:
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def _preview(url: str, run_id: str, layer: int, rho: float) -> np.ndarray:
-    """The preview's kept blocks, cached: moving another control must not recompute it."""
+def _basis(
+    url: str, run_id: str, layer: int, groups: tuple[int, ...]
+) -> figures.PreviewBasis | None:
+    """What the layer's preview selects from (figures.preview_basis), read once per layer."""
     meta = widgets.run_meta(url, run_id)
     conf = meta.get("config") or {}
-    layer_hm = widgets.heatmap(url, run_id, "prefill", 0, layer)
-    method_scores = figures.method_scores(
-        layer_hm, meta.get("method") or conf.get("method", "sketchwalk")
+    return figures.preview_basis(
+        widgets.heatmap(url, run_id, "prefill", 0, layer),
+        [widgets.heatmap(url, run_id, group_phase("prefill", g), 0, layer) for g in groups],
+        meta.get("method") or conf.get("method", "sketchwalk"),
+        conf,
+        meta.get("metrics"),
+        layer,
     )
-    return figures.preview_selection(method_scores, int(meta.get("prompt_tokens") or 0), conf, rho)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _preview(
+    url: str, run_id: str, layer: int, groups: tuple[int, ...], densities: tuple[float, ...]
+) -> np.ndarray:
+    """[G, n, n]: each selection group's kept blocks at `densities`, cached: moving another
+    control must not recompute it."""
+    meta = widgets.run_meta(url, run_id)
+    basis = _basis(url, run_id, layer, groups)
+    conf = meta.get("config") or {}
+    return figures.preview_selection(
+        basis.scores, int(meta.get("prompt_tokens") or 0), conf, densities
+    )
+
+
+def density_stops(target: float) -> list[float]:
+    """The preview slider's stops: every 0.01, and the run's own density exactly (a profile's
+    share such as 0.2347 rounded to 0.23 would select something else)."""
+    return sorted({round(i / 100, 2) for i in range(1, 101)} | {float(target)})
 
 
 def density_preview(
@@ -402,11 +444,14 @@ def density_preview(
     blocks: pd.DataFrame,
     miss_threshold: float,
     needle_blocks: list[int],
+    groups: tuple[int, ...],
 ) -> None:
     """What a sparse prefill layer (where = data phase, step, layer) would keep at another
-    density. Reads the layer's full matrices, so past MAX_SIDE blocks only when asked."""
+    density: the engine's selection over the scores each KV-head group ranked, at the group
+    densities the run stored, so at the run's own density it is the stored selection. Reads
+    the layer's full matrices, so past MAX_SIDE blocks only when asked."""
     st.subheader("Density preview")
-    url, run_id, cfg = widgets.db_url(), run["id"], run.get("config") or {}
+    url, run_id = widgets.db_url(), run["id"]
     data_phase, step, layer = where
     if split_phase(data_phase)[0] != "prefill" or dense:
         st.caption(PREVIEW_HINT)
@@ -418,29 +463,51 @@ def density_preview(
     ):
         return
     hm = widgets.heatmap(url, run_id, data_phase, step, layer)
-    if figures.method_scores(hm, run.get("method") or cfg.get("method", "sketchwalk")) is None:
+    basis = _basis(url, run_id, layer, groups)
+    if basis is None:
         st.caption(PREVIEW_HINT)
         return
-    start = min(1.0, max(0.01, round(figures.layer_target(cfg, run.get("metrics"), layer), 2)))
-    if st.session_state.get("ex_preview_for") != (run_id, data_phase, layer):
-        # another run or layer: start from its target, not the last slider position
+    group = split_phase(data_phase)[1]
+    own = basis.target(group)
+    stops = density_stops(own)
+    if st.session_state.get("ex_preview_for") != (run_id, data_phase, layer) or (
+        st.session_state.get("ex_preview_density") not in stops
+    ):  # another run, layer or group: start from its own density, not the last position
         st.session_state["ex_preview_for"] = (run_id, data_phase, layer)
-        st.session_state["ex_preview_density"] = start
+        st.session_state["ex_preview_density"] = own
     p1, p2 = st.columns([3, 1])
     with p1:
-        rho = st.slider(
+        rho = st.select_slider(
             "What would be kept at this density?",
-            0.01,
-            1.0,
-            step=0.01,
+            stops,
+            format_func=lambda x: f"{x:.3f} (this run)" if x == own else f"{x:.2f}",
             key="ex_preview_density",
+            help="Starts at this layer's own density in the run: the preview is then the "
+            "stored selection. Other densities keep the groups' spread in proportion.",
         )
-    kept = _preview(url, run_id, layer, float(rho))
+    kept_g = _preview(url, run_id, layer, groups, basis.densities_at(float(rho), group))
     causal = figures.causal_mask(n, n)
+    if group is not None and group < len(kept_g):
+        kept = kept_g[group]
+        density = figures.kept_density(kept, causal)
+    else:  # the layer: kept by any group; density as the engine counts it (mean over groups)
+        kept = kept_g.any(0)
+        density = float(np.mean([figures.kept_density(k, causal) for k in kept_g]))
     recall = figures.mass_recall(hm.get("exact"), kept)
     with p2:
-        st.metric("Preview density", f"{figures.kept_density(kept, causal):.3f}")
+        st.metric("Preview density", f"{density:.3f}")
         st.metric("Preview mass recall", "–" if recall is None else f"{recall:.3f}")
+    if basis.why:
+        st.caption(f":material/info: {basis.why}")
+    elif rho == own:
+        differ = int((kept != np.asarray(hm["selected"], bool)).sum())
+        st.caption(
+            "At this run's own density the preview is the stored selection (the same scores per "
+            "KV-head group, group densities, query tiles and forced blocks)."
+            if differ == 0
+            else f"At this run's own density the preview differs from the stored selection in "
+            f"{widgets.plural(differ, 'block')}: the stored scores do not reproduce it."
+        )
     ptitle = f"PREVIEW (not a run): blocks kept at density {rho:.2f}, layer {layer}"
     if region is None:
         labels = figures.block_labels(blocks, n)

@@ -81,11 +81,11 @@ def test_a_run_without_the_walk_has_no_walk_views(app_env):
 def test_the_density_preview_starts_from_the_shown_runs_target(app_env):
     url, ids = app_env
     at = _page(new_app().run(), "explore", ids["sketchwalk"])
-    at.slider(key="ex_preview_density").set_value(0.55).run()
-    assert at.slider(key="ex_preview_density").value == 0.55
+    at.select_slider(key="ex_preview_density").set_value(0.55).run()
+    assert at.select_slider(key="ex_preview_density").value == 0.55
     at.selectbox(key="explore_run").set_value(ids["nowalk"]).run()  # a 0.3 run
     at.select_slider(key="ex_layer").set_value(2).run()
-    assert at.slider(key="ex_preview_density").value == 0.3
+    assert at.select_slider(key="ex_preview_density").value == 0.3
 
 
 def test_compare_drills_from_a_high_kl_token_to_the_layer_that_dropped_its_attention(
