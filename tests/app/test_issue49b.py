@@ -123,3 +123,37 @@ def test_explore_previews_the_stored_selection_of_a_layer_and_of_each_group(prof
         assert metrics["Preview mass recall"] == f"{row['mass_recall']:.3f}"
         assert metrics["Preview density"] == f"{row['density_achieved']:.3f}"
         assert any("is the stored selection" in c.value for c in at.caption)
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    url = str(tmp_path / "fresh.duckdb")
+    monkeypatch.setenv("SKETCHWALK_DB", url)
+    monkeypatch.setenv("SKETCHWALK_APP_WORKER", "0")
+    return url
+
+
+def _in_order(node, out: list) -> list:
+    """(element type, key or label) of every element under `node`, top to bottom."""
+    for child in getattr(node, "children", {}).values():
+        out.append(
+            (type(child).__name__, getattr(child, "key", None) or getattr(child, "label", None))
+        )
+        _in_order(child, out)
+    return out
+
+
+def test_the_landing_page_says_what_it_is_offers_the_demo_and_leads_with_run(fresh, tiny_model):
+    at = new_app().run()
+    assert not at.exception, at.exception
+    assert "sparse attention" in at.markdown[0].value and "dense" in at.markdown[0].value
+    assert "needle demo" in at.markdown[1].value
+    order = [key for _, key in _in_order(at.main, [])]
+    # the first step comes before the form, and Run before every knob
+    assert order.index("btn_nr_demo") < order.index("nr_sample")
+    assert order.index("btn_run") < order.index("nr_density") < order.index("Advanced")
+    at.text_input(key="nr_model").input(tiny_model).run()
+    at.button(key="btn_nr_demo").click().run()
+    assert at.text_area(key="nr_prompt").value == prompts.needle_demo()
+    assert at.selectbox(key="nr_sample").value == prompts.NEEDLE_DEMO_LABEL
+    assert not at.button(key="btn_run").disabled  # ready to run
