@@ -243,6 +243,15 @@ LEVEL_ICONS = {  # Material icons: emoji render as empty boxes where no emoji fo
 }
 
 
+def split_range(value: str) -> tuple[str, str | None]:
+    """'1.25× (1.00–1.50)' -> ('1.25×', 'range 1.00–1.50×'): the median large, its range on a
+    smaller line under it, so both fit a quarter of a 1024 px page."""
+    head, sep, rest = value.partition(" (")
+    if not sep or not rest.endswith(")") or not head.endswith("×"):
+        return value, None
+    return head, f"range {rest[:-1]}×"
+
+
 def verdict_panel(run: dict[str, Any], stats: pd.DataFrame | None, key: str) -> None:
     """The run's verdict (app/verdict.py): one bordered row of numbers, a note under each, and
     the warnings (off-target density, speed-ups that are noise) under them."""
@@ -256,7 +265,14 @@ def verdict_panel(run: dict[str, Any], stats: pd.DataFrame | None, key: str) -> 
             cols = st.columns(per_row)
             for col, item in zip(cols, out.items[i : i + per_row], strict=False):
                 icon = LEVEL_ICONS.get(item.level, "")
-                col.metric(f"{item.label} {icon}".strip(), item.value)
+                value, spread = split_range(item.value)
+                col.metric(
+                    f"{item.label} {icon}".strip(),
+                    value,
+                    spread,
+                    delta_color="off",
+                    delta_arrow="off",
+                )
                 if item.note:
                     col.caption(item.note)
         for warning in out.warnings:

@@ -37,6 +37,13 @@ PREVIEW_HINT = "The preview re-thresholds stored prefill scores of a sparse laye
 ALL_GROUPS = -1  # the group picker's "all groups" (None would show as an empty choice)
 
 
+def _generated(url: str, run_id: str) -> list[str]:
+    """The sparse model's generated tokens, in order (the decode steps' tokens)."""
+    toks = widgets.tokens(url, run_id)
+    gen = toks[(toks["variant"] == "sparse") & (toks["position"] >= prompt_tokens)]
+    return list(gen.sort_values("position")["text"])
+
+
 def walks(config: dict, method: str | None) -> bool:
     """Whether the run walked (beta > 0 with a method that walks): else no walk views. A config
     stored without beta (older or hand-made runs) cannot say: what was stored is shown."""
@@ -108,7 +115,7 @@ if needle_text:
         st.info(trace.sentence())
         if trace.steps:
             st.plotly_chart(
-                figures.needle_strip(strip_matrix(trace.steps)),
+                figures.needle_strip(strip_matrix(trace.steps), _generated(url, run_id)),
                 key="needle_strip",
                 config={"displaylogo": False},
             )
@@ -133,17 +140,20 @@ with c2:
         else steps[0]
     )
 with c3:
-    palette = st.selectbox("Palette (colour-blind safe)", figures.PALETTES, key="ex_palette")
+    palette = st.selectbox(
+        "Palette", figures.PALETTES, key="ex_palette", help="All four are colour-blind safe."
+    )
 with c4:
-    log = st.toggle("Log colour scale", value=True, key="ex_log")
+    log = st.toggle("Log colour", value=True, key="ex_log", help="A log colour scale.")
     miss_threshold = st.number_input(
-        "Miss threshold (exact mass)",
+        "Miss threshold",
         0.0,
         1.0,
         0.05,
         0.01,
         key="ex_miss_threshold",
-        help="Blocks with at least this exact mass that were not selected are marked as misses.",
+        help="Blocks with at least this exact attention mass that were not selected are marked "
+        "as misses.",
     )
 
 
@@ -175,12 +185,14 @@ def layer_panel(
             ),
             layers[0],
         )
-    s1, s2 = st.columns([6, 1])
+    s1, s2 = st.columns([5, 1])
     with s1:
         layer = st.select_slider("Layer", layers, key="ex_layer")
     with s2:
         playing = st.session_state.get("ex_playing", False)
-        if st.button("⏸ Pause" if playing else "▶ Play layers", key="btn_play"):
+        if st.button(
+            "⏸ Pause" if playing else "▶ Play", key="btn_play", help="Step through the layers"
+        ):
             playing = not playing
             st.session_state["ex_playing"] = playing
 
@@ -210,7 +222,9 @@ def layer_panel(
             )
         with g2:
             multiples = st.toggle(
-                "Small multiples: every group's kept blocks", key="ex_group_multiples"
+                "Small multiples",
+                key="ex_group_multiples",
+                help="Every group's kept blocks side by side.",
             )
         has = (stats["phase"] == group_phase(phase, max(group, 0))) & (stats["step"] == step)
         if group != ALL_GROUPS and (has & (stats["layer"] == layer)).any():
@@ -257,15 +271,15 @@ def layer_panel(
     group_shown = split_phase(data_phase)[1]
     target = figures.layer_target(cfg, run.get("metrics"), int(layer), group_shown)
     m[1].metric(
-        "Target density",
+        "Target",
         f"{target:.3f}",
         help="This layer's share of the run's density (its layer profile; the run's density "
         "when the profile is uniform).",
     )
     m[2].metric(
-        "Sketch error (TV)",
+        "Sketch error",
         "–" if np.isnan(row["sketch_error"]) else f"{row['sketch_error']:.3f}",
-        help="Total-variation distance between the block estimate and the exact mean block "
+        help="Total-variation (TV) distance between the block estimate and the exact mean block "
         "mass, per row. With max pooling (the default) the estimate ranks each block by the "
         "query or head that needs it most, so it differs from the mean mass by design: compare "
         "runs of one pooling.",

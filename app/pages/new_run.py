@@ -56,7 +56,7 @@ def _load_demo() -> None:
 
 
 st.markdown(WHAT_IT_IS)
-d1, d2 = st.columns([3, 1], vertical_alignment="center")
+d1, d2 = st.columns([2, 1], vertical_alignment="center")
 with d1:
     st.markdown(FIRST_STEP)
 with d2:

@@ -157,3 +157,76 @@ def test_the_landing_page_says_what_it_is_offers_the_demo_and_leads_with_run(fre
     assert at.text_area(key="nr_prompt").value == prompts.needle_demo()
     assert at.selectbox(key="nr_sample").value == prompts.NEEDLE_DEMO_LABEL
     assert not at.button(key="btn_run").disabled  # ready to run
+
+
+def _tick_count(axis: dict) -> int:
+    return len(axis.get("tickvals") or ())
+
+
+@pytest.mark.parametrize("n", [7, 44, 128, 333, 2048])
+def test_block_figures_label_at_most_six_ticks_a_side(n):
+    from sketchwalk.app.figures.common import MAX_TICKS
+
+    labels = [f"B{i} · t{16 * i}-{16 * i + 15} · «x»" for i in range(n)]
+    z = np.random.default_rng(0).random((n, n)).astype(np.float32)
+    kept = z > 0.5
+    figs = [
+        figures.heatmap_figure(z, "h", labels, labels),
+        figures.mask_figure(kept, figures.causal_mask(n, n), labels, labels),
+    ]
+    for fig in figs:
+        lay = fig.to_plotly_json()["layout"]
+        for axis in ("xaxis", "yaxis"):
+            ticks = lay[axis]["ticktext"]
+            assert 1 <= len(ticks) <= MAX_TICKS == 6
+            steps = {int(b) - int(a) for a, b in zip(ticks, ticks[1:], strict=False)}
+            assert (
+                ticks[0] == "0"
+                and len(steps) <= 1
+                and steps <= {1, 2, 5, 10, 20, 50, 100, 200, 500}
+            )
+    strip = {
+        "layers": [2, 3],
+        "columns": ["prefill", *(f"decode {i}" for i in range(1, 41))],
+        "kept": np.ones((2, 41)),
+        "mass": np.full((2, 41), np.nan),
+        "rank": np.ones((2, 41)),
+        "dense": np.zeros((2, 41), bool),
+    }
+    fig = figures.needle_strip(strip, [f"tok{i}" for i in range(40)])
+    x = fig.to_plotly_json()["layout"]["xaxis"]
+    assert _tick_count(x) <= MAX_TICKS
+    assert list(fig.data[0].x[:3]) == ["prefill", "decode 1 «tok0»", "decode 2 «tok1»"]
+
+
+def test_decode_tokens_view_names_each_step_by_its_token():
+    rows = {
+        "steps": np.array([1, 2, 3]),
+        "selected": np.ones((3, 5), bool),
+        "n_blocks": np.array([5, 5, 5]),
+        "exact": None,
+    }
+    fig = figures.decode_figure(rows, ["The", " cat", "<b>"], None)
+    y = fig.to_plotly_json()["layout"]["yaxis"]
+    assert list(y["ticktext"]) == ["1 «The»", "2 « cat»", "3 «&lt;b&gt;»"]
+    assert len(y["tickvals"]) == 3
+
+
+def test_per_token_kl_bars_open_on_a_readable_window_around_the_worst_prompt_token():
+    import pandas as pd
+
+    from sketchwalk.app.figures.tokens import MAX_BARS
+
+    n, prompt = 2080, 2048
+    kl = np.full(n, 0.01)
+    kl[700] = 0.9  # the worst prompt token
+    kl[2060] = 5.0  # a generated token: not what the drill-down explains
+    toks = pd.DataFrame(
+        {"variant": "sparse", "position": np.arange(n), "kl": kl, "text": ["a"] * n}
+    )
+    lay = figures.kl_strip(toks, prompt).to_plotly_json()["layout"]
+    lo, hi = lay["xaxis"]["range"]
+    assert hi - lo == MAX_BARS and lo < 700 < hi  # >= 3 px a bar in 560 px
+    assert lay["xaxis"]["rangeslider"]["visible"]
+    small = figures.kl_strip(toks.head(100), prompt).to_plotly_json()["layout"]
+    assert "rangeslider" not in small["xaxis"]

@@ -153,7 +153,7 @@ def test_explore_draws_the_layer_matrices_and_follows_the_slider(app_env):
     assert metrics["Mass recall"] == f"{row['mass_recall']:.3f}"
     run = store.get_run(rid)  # a tiny model has no layer profile: the run's density everywhere
     target = figures.layer_target(run["config"], run["metrics"], layer)
-    assert metrics["Target density"] == f"{target:.3f}" == f"{run['config']['density']:.3f}"
+    assert metrics["Target"] == f"{target:.3f}" == f"{run['config']['density']:.3f}"
 
     at.toggle(key="ex_log").set_value(False).run()
     at.select_slider(key="ex_layer").set_value(3).run()
@@ -230,7 +230,7 @@ def test_explore_shows_each_layers_target_from_the_runs_layer_profile(
     at = on_page(new_app().run(), "explore", run["id"])
     at.select_slider(key="ex_layer").set_value(3).run()
     want = sum(s[0] for s in shares[3]) / groups
-    assert {m.label: m.value for m in at.metric}["Target density"] == f"{want:.3f}"
+    assert {m.label: m.value for m in at.metric}["Target"] == f"{want:.3f}"
     at.radio(key="ex_view").set_value("Per-layer curves").run()
     traces = {t["name"]: t for t in charts(at)["Per layer"]["data"]}
     target = traces["target density (layer profile)"]

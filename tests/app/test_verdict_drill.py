@@ -48,10 +48,13 @@ def test_explore_opens_with_the_runs_verdict(app_env):
     top1 = next(v for k, v in got.items() if k.startswith("Top-1 agreement"))
     assert top1 == f"{m['top1_agreement']:.1%}"
     sparse = stats[(stats["phase"] == "prefill") & ~stats["dense"]]["mass_recall"]
-    mass = next(v for k, v in got.items() if k.startswith("Attention mass kept"))
+    mass = next(v for k, v in got.items() if k.startswith("Mass kept"))
     assert mass == f"{sparse.mean():.1%}"
-    prefill = next(v for k, v in got.items() if k.startswith("Prefill speed"))
-    assert prefill == "noise" or re.fullmatch(r"\d+\.\d\d× \(\d+\.\d\d–\d+\.\d\d\)", prefill)
+    prefill = next(m for m in at.metric if m.label.startswith("Prefill speed"))
+    assert prefill.value == "noise" or (
+        re.fullmatch(r"\d+\.\d\d×", prefill.value)
+        and re.fullmatch(r"range \d+\.\d\d–\d+\.\d\d×", prefill.delta)
+    )
     layer = at.select_slider(key="ex_layer").value  # the shown layer, warned when off target
     got = stats[(stats["phase"] == "prefill") & (stats["layer"] == layer)]["density_achieved"]
     far = float(got.iloc[0]) > 0.2 * FAR_RATIO and float(got.iloc[0]) - 0.2 > FAR_ABS
