@@ -39,7 +39,7 @@ m[1].metric("Perplexity, sparse", _fmt(metrics.get("ppl_sparse"), ".2f"))
 m[2].metric("Common prefix (tokens)", _fmt(metrics.get("gen_common_prefix"), ".0f"))
 
 other_ids = [i for i in runs["id"] if i != run_id]
-labels = {r["id"]: widgets.run_label(r) for _, r in runs.iterrows()}
+labels = widgets.run_labels(runs)
 mode = st.radio(
     "Compare with",
     ["its dense generation", "another run's sparse generation"],

@@ -37,6 +37,18 @@ PREVIEW_HINT = "The preview re-thresholds stored prefill scores of a sparse laye
 ALL_GROUPS = -1  # the group picker's "all groups" (None would show as an empty choice)
 
 
+def heads_note(per_group: bool, pool: str) -> str:
+    """Why there is no per-head view: what the store keeps of the heads."""
+    unit = "KV-head group" if per_group else "layer"
+    return (
+        f"No per-head view: the store keeps no per-head scores or masks. Selection is per {unit}: "
+        f"the heads' block estimates are pooled ({pool}) into one before selecting, and every "
+        f"head of a {unit} attends to the same kept blocks (so each head's mask is its "
+        f"{unit}'s). One token's attention per head is computed on demand from Compare's "
+        "drill-down."
+    )
+
+
 def _generated(url: str, run_id: str) -> list[str]:
     """The sparse model's generated tokens, in order (the decode steps' tokens)."""
     toks = widgets.tokens(url, run_id)
@@ -305,6 +317,12 @@ def layer_panel(
             f"target of {target:.2f}: the forced blocks (sink, local window) take that much at "
             "this length (the verdict above says how much)."
         )
+    if phase == "prefill" and not row["dense"]:
+        try:
+            run_cfg = SketchWalkConfig.from_stored(cfg)
+            st.caption(heads_note(run_cfg.per_group, run_cfg.pool))
+        except (ConfigError, TypeError, ValueError):
+            pass  # a config that does not parse: nothing to say about its heads
     if group_ids:
         _, which = split_phase(data_phase)
         st.caption(

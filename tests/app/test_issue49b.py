@@ -230,3 +230,69 @@ def test_per_token_kl_bars_open_on_a_readable_window_around_the_worst_prompt_tok
     assert lay["xaxis"]["rangeslider"]["visible"]
     small = figures.kl_strip(toks.head(100), prompt).to_plotly_json()["layout"]
     assert "rangeslider" not in small["xaxis"]
+
+
+def test_runs_show_their_preset_and_no_two_runs_share_a_label(app_env):
+    from sketchwalk.app import widgets
+    from sketchwalk.app.run_names import preset_of
+    from sketchwalk.engine.config import PRESETS, preset
+
+    assert preset_of(preset("default").to_dict()) == "default"
+    assert preset_of(preset("paper", density=0.1).to_dict()) == "paper"
+    assert preset_of(preset("default", block_size=8).to_dict()) == "custom"
+    import pandas as pd
+
+    cfg = preset("default").to_dict()
+    row = {"method": "sketchwalk", "config": cfg, "model_id": "m", "prompt_tokens": 9}
+    runs = pd.DataFrame([{**row, "id": "abcdef0123"}, {**row, "id": "abcdef0199"}])
+    labels = widgets.run_labels(runs)
+    assert len(set(labels.values())) == 2 and "ρ=0.2" in labels["abcdef0123"]
+    assert "default" in labels["abcdef0123"]
+    url, ids = app_env
+    at = new_app().run()
+    at.switch_page("pages/runs.py").run()
+    assert not at.exception, at.exception
+    table = at.dataframe[0].value
+    assert {"Preset", "Target density"} <= set(table.columns)
+    assert set(table["Preset"]) <= {"custom", *PRESETS}
+
+
+def test_sketchwalk_app_lets_uploads_reach_the_imports_per_file_cap(monkeypatch):
+    from sketchwalk.cli.app import streamlit_argv
+
+    assert "--server.maxUploadSize=2048" in streamlit_argv(8501, "localhost")
+    monkeypatch.setenv("SKETCHWALK_IMPORT_MAX_MB", "512")
+    assert "--server.maxUploadSize=512" in streamlit_argv(8501, "localhost")
+
+
+def test_benchmark_points_name_their_item_count():
+    from sketchwalk.eval import report
+
+    rows = [
+        {
+            "task": "lm",
+            "source": "gpl-3",
+            "length": 2048,
+            "method": "sketchwalk",
+            "n_items": n,
+            "density_target": d,
+            "density_achieved": d,
+            "ppl_dense": 10.0,
+            "ppl_sparse": 10.5,
+            "kl_mean": 0.01,
+        }
+        for n, d in ((2, 0.1), (40, 0.2))
+    ]
+    fig = report.figures(rows)[0]
+    assert list(fig.data[0].text) == ["n=2", "n=40"]
+    assert "items averaged: %{text}" in fig.data[0].hovertemplate
+
+
+def test_explore_says_why_there_is_no_per_head_view(app_env):
+    url, ids = app_env
+    at = new_app().run()
+    at.session_state["run_id"] = ids["sketchwalk"]
+    at.switch_page("pages/explore.py").run()
+    assert not at.exception, at.exception
+    note = next(c.value for c in at.caption if c.value.startswith("No per-head view"))
+    assert "per KV-head group" in note and "(max)" in note and "Compare" in note
