@@ -72,14 +72,15 @@ def find_pass_key(prompt: str) -> str | None:
     return pass_key(prompt)
 
 
+NEEDLE_DEMO_LABEL = (
+    "Needle found at 0.1, lost at 0.05: pass key 12887 (≈2k tokens; Explore follows it)"
+)
 SAMPLES = {
     "Apache-2.0 license (≈2k tokens)": license_text,
     "Python code file (≈1.3k tokens)": code_text,
     "Pass-key retrieval (≈1k tokens)": lambda: needle_prompt(150)[0],
     "Pass-key retrieval (≈2k tokens)": lambda: needle_prompt(300)[0],
     "Pass-key retrieval (≈4k tokens)": lambda: needle_prompt(600)[0],
-    "Needle found at 0.1, lost at 0.05: pass key 12887 (≈2k tokens; Explore follows it)": (
-        needle_demo
-    ),
+    NEEDLE_DEMO_LABEL: needle_demo,
 }
 """Label shown in the New run page -> function returning the prompt text."""

@@ -120,19 +120,17 @@ def density_item(run: dict[str, Any]) -> tuple[Item, str | None]:
 def mass_item(stats: pd.DataFrame | None) -> Item:
     """Mean attention mass kept (the recorder's mass recall) over the sparse prefill layers."""
     if stats is None or stats.empty or "mass_recall" not in stats:
-        return Item("mass", "Attention mass kept", "–", "no per-layer records")
+        return Item("mass", "Mass kept", "–", "no per-layer records")
     rows = stats[(stats["phase"] == "prefill") & ~stats["dense"].astype(bool)]
     vals = pd.to_numeric(rows["mass_recall"], errors="coerce").dropna()
     if vals.empty:
-        return Item(
-            "mass", "Attention mass kept", "–", "exact mass not recorded (longer than its limit)"
-        )
+        return Item("mass", "Mass kept", "–", "exact mass not recorded (longer than its limit)")
     worst = rows.loc[vals.idxmin(), "layer"]
     return Item(
         "mass",
-        "Attention mass kept",
+        "Mass kept",
         f"{vals.mean():.1%}",
-        f"mean of {len(vals)} sparse layers; worst layer {int(worst)}: {vals.min():.1%}",
+        f"attention mass, mean of {len(vals)} sparse layers; worst layer {int(worst)}: {vals.min():.1%}",
         "ok" if vals.mean() >= 0.9 else "warn",
     )
 

@@ -23,6 +23,7 @@ import streamlit as st
 from sketchwalk import settings as app_settings
 from sketchwalk.app.figures.layer_data import LayerData, layer_data
 from sketchwalk.app.layer_views import LRU, ViewKey
+from sketchwalk.app.run_names import preset_of
 from sketchwalk.engine.config import SketchWalkConfig
 from sketchwalk.engine.request import stored_time_only
 from sketchwalk.errors import SketchWalkError
@@ -243,6 +244,15 @@ LEVEL_ICONS = {  # Material icons: emoji render as empty boxes where no emoji fo
 }
 
 
+def split_range(value: str) -> tuple[str, str | None]:
+    """'1.25× (1.00–1.50)' -> ('1.25×', 'range 1.00–1.50×'): the median large, its range on a
+    smaller line under it, so both fit a quarter of a 1024 px page."""
+    head, sep, rest = value.partition(" (")
+    if not sep or not rest.endswith(")") or not head.endswith("×"):
+        return value, None
+    return head, f"range {rest[:-1]}×"
+
+
 def verdict_panel(run: dict[str, Any], stats: pd.DataFrame | None, key: str) -> None:
     """The run's verdict (app/verdict.py): one bordered row of numbers, a note under each, and
     the warnings (off-target density, speed-ups that are noise) under them."""
@@ -256,7 +266,14 @@ def verdict_panel(run: dict[str, Any], stats: pd.DataFrame | None, key: str) -> 
             cols = st.columns(per_row)
             for col, item in zip(cols, out.items[i : i + per_row], strict=False):
                 icon = LEVEL_ICONS.get(item.level, "")
-                col.metric(f"{item.label} {icon}".strip(), item.value)
+                value, spread = split_range(item.value)
+                col.metric(
+                    f"{item.label} {icon}".strip(),
+                    value,
+                    spread,
+                    delta_color="off",
+                    delta_arrow="off",
+                )
                 if item.note:
                     col.caption(item.note)
         for warning in out.warnings:
@@ -314,8 +331,8 @@ def short_model(model_id: str | None) -> str:
     return model_id.rstrip("/").rsplit("/", 1)[-1][:32]
 
 
-def run_label(row: pd.Series | dict) -> str:
-    """One line naming a run: id prefix, method, density, model, tokens, time."""
+def run_label(row: pd.Series | dict, id_chars: int = 8) -> str:
+    """One line naming a run: id prefix, method, density, preset, model, tokens, time."""
     cfg = row.get("config") or {}
     created = row.get("created_at")
     when = created.strftime("%m-%d %H:%M") if hasattr(created, "strftime") else ""
@@ -325,7 +342,29 @@ def run_label(row: pd.Series | dict) -> str:
     dens = f"ρ={density:g}" if isinstance(density, (int, float)) else ""
     block = cfg.get("block_size")
     blk = f" b{block}" if isinstance(block, int) else ""
-    return f"{str(row['id'])[:8]} · {row.get('method') or '?'} {dens}{blk} · {short_model(row.get('model_id'))} · {tok} · {when}"
+    preset = preset_of(cfg)
+    return (
+        f"{str(row['id'])[:id_chars]} · {row.get('method') or '?'} {dens}{blk} {preset} · "
+        f"{short_model(row.get('model_id'))} · {tok} · {when}"
+    )
+
+
+def run_labels(runs: pd.DataFrame) -> dict[str, str]:
+    """Every run's label, each one different: runs whose labels would agree (ids alike in their
+    first 8 characters) show as much of their ids as tells them apart."""
+    rows = [r for _, r in runs.iterrows()]
+    out = {str(r["id"]): run_label(r) for r in rows}
+    chars = 8
+    while len(set(out.values())) < len(out) and chars < 64:
+        chars *= 2
+        seen: dict[str, int] = {}
+        for label in out.values():
+            seen[label] = seen.get(label, 0) + 1
+        out = {
+            str(r["id"]): run_label(r, chars) if seen[out[str(r["id"])]] > 1 else out[str(r["id"])]
+            for r in rows
+        }
+    return out
 
 
 def done_runs(store: Store) -> pd.DataFrame:
@@ -340,7 +379,7 @@ def pick_run(
     if runs.empty:
         return None
     ids = list(runs["id"])
-    labels = {r["id"]: run_label(r) for _, r in runs.iterrows()}
+    labels = run_labels(runs)
     wanted = st.session_state.get(RUN_KEY) or st.query_params.get("run")
     widget = f"{key}_run"
     if widget not in st.session_state or st.session_state[widget] not in ids:

@@ -36,7 +36,10 @@ def streamlit_argv(port: int, host: str) -> list[str]:
     """The `streamlit run` command line: headless, no usage stats, no file watcher, and no full
     garbage collection after every script run: with torch and transformers loaded, gc.collect(2)
     holds the GIL for a long time, and the progress panel reruns every poll interval, so the
-    in-app worker thread crawled (a tiny-model job: minutes instead of seconds)."""
+    in-app worker thread crawled (a tiny-model job: minutes instead of seconds). Uploads may be
+    as large as an import allows a file (SKETCHWALK_IMPORT_MAX_MB; Streamlit's own cap is 200)."""
+    from sketchwalk.settings import load
+
     return [
         sys.executable,
         "-m",
@@ -50,6 +53,7 @@ def streamlit_argv(port: int, host: str) -> list[str]:
         "--runner.postScriptGC=false",
         "--browser.gatherUsageStats=false",
         "--client.toolbarMode=minimal",
+        f"--server.maxUploadSize={load().import_max_member_mb}",
     ]
 
 

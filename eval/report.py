@@ -108,6 +108,12 @@ def within(rows: Iterable[dict], method: str, pct: float = 1.0) -> dict[tuple, f
     return best
 
 
+def _items(n: Any) -> str:
+    """'n=2' under a point, '' where the row does not say."""
+    v = _num(n)
+    return "" if v is None else f"n={int(v)}"
+
+
 def panels(rows: Sequence[dict]) -> list[tuple[str, str, int]]:
     return sorted({(r["task"], r["source"], r["length"]) for r in rows})
 
@@ -144,12 +150,17 @@ def quality_figure(rows: Sequence[dict], task: str, source: str, length: int, x:
             go.Scatter(
                 x=xs,
                 y=[_num(r.get(metric)) for r in pts],
-                mode="lines+markers",
+                mode="lines+markers+text",
                 name=m,
+                # each point names the items it averages: 2 items are not 200
+                text=[_items(r.get("n_items")) for r in pts],
+                textposition="top center",
+                textfont={"size": 10},
                 customdata=[[r["density_target"], _num(r.get("kl_mean"))] for r in pts],
                 hovertemplate=(
                     f"{m}<br>density %{{x:.3f}} (target %{{customdata[0]:.2f}})"
-                    f"<br>{label} %{{y:.3f}}<br>KL %{{customdata[1]:.4f}}<extra></extra>"
+                    f"<br>{label} %{{y:.3f}}<br>KL %{{customdata[1]:.4f}}"
+                    "<br>items averaged: %{text}<extra></extra>"
                 ),
             )
         )

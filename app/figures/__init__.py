@@ -41,8 +41,10 @@ from sketchwalk.app.figures.masks import (
 )
 from sketchwalk.app.figures.needle import needle_strip, outline_blocks
 from sketchwalk.app.figures.preview import (
+    PreviewBasis,
     layer_target,
     method_scores,
+    preview_basis,
     preview_selection,
     selection_rule,
 )
@@ -106,6 +108,8 @@ __all__ = [
     "overall_speedup",
     "plan_view",
     "preview_selection",
+    "preview_basis",
+    "PreviewBasis",
     "selection_rule",
     "speedups",
     "stage_figure",

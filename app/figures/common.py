@@ -67,16 +67,36 @@ def _arr(labels: Sequence[str]) -> np.ndarray:
     return np.asarray(labels, dtype=object)
 
 
-def _ticks(labels: Sequence[str], max_ticks: int = 12) -> dict[str, Any]:
+MAX_TICKS = 6
+"""Tick labels per categorical axis: a heatmap is about 250 px wide beside another at 1024 px,
+and six four-digit block numbers fit there without touching."""
+
+
+def tick_step(n: int, max_ticks: int = MAX_TICKS) -> int:
+    """The smallest step of 1, 2 or 5 x 10^k that labels n categories with at most max_ticks."""
+    need = max(1, math.ceil(n / max_ticks))
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale >= need:
+                return m * scale
+        scale *= 10
+
+
+def _ticks(labels: Sequence[str], max_ticks: int = MAX_TICKS) -> dict[str, Any]:
     """Show a few block numbers on a categorical axis whose labels are long hover texts."""
-    n = len(labels)
-    step = max(1, math.ceil(n / max_ticks))
-    idx = list(range(0, n, step))
+    idx = list(range(0, len(labels), tick_step(len(labels), max_ticks)))
     return {
         "tickmode": "array",
         "tickvals": [labels[i] for i in idx],
         "ticktext": [_block_number(labels[i], i) for i in idx],
     }
+
+
+def sparse_ticks(labels: Sequence[str], max_ticks: int = MAX_TICKS) -> dict[str, Any]:
+    """At most max_ticks of a categorical axis's own labels (every one stays in the hover)."""
+    idx = list(range(0, len(labels), tick_step(len(labels), max_ticks)))
+    return {"tickmode": "array", "tickvals": [labels[i] for i in idx]}
 
 
 def _block_number(label: str, fallback: int) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from sketchwalk.app.figures.common import OKABE_ITO
+from sketchwalk.app.figures.common import OKABE_ITO, escape_text, sparse_ticks
 from sketchwalk.app.figures.tiles import View
 
 NEEDLE_COLOUR = OKABE_ITO["orange"]
@@ -46,9 +46,11 @@ def outline_blocks(
     return fig
 
 
-def needle_strip(strip: dict[str, Any]) -> go.Figure:
+def needle_strip(strip: dict[str, Any], token_texts: Sequence[str] = ()) -> go.Figure:
     """Layers x (prefill, decode 1, ...): colour = share of the needle's blocks kept; each cell's
-    text gives the best rank in the selecting scores and the exact mass share where known."""
+    text gives the best rank in the selecting scores and the exact mass share where known.
+    token_texts: the generated tokens in order, named beside their decode steps on the axis
+    (the i-th decode column with the i-th token, as the decode-tokens view pairs them)."""
     kept = np.asarray(strip["kept"], dtype=np.float32)
     mass = np.asarray(strip["mass"], dtype=np.float32)
     rank = np.asarray(strip["rank"], dtype=np.float32)
@@ -64,11 +66,17 @@ def needle_strip(strip: dict[str, Any]) -> go.Figure:
             m = "" if np.isnan(mass[i, j]) else f" {mass[i, j]:.2f}"
             cells[i, j] = (r + m).strip()
     y = [f"layer {layer}" for layer in strip["layers"]]
+    x, d = [], 0
+    for col in strip["columns"]:
+        if col.startswith("decode") and d < len(token_texts):
+            col = f"{col} «{escape_text(token_texts[d], 12)}»"
+        d += col.startswith("decode")
+        x.append(col)
     scale = [[0.0, OKABE_ITO["vermillion"]], [0.5, OKABE_ITO["yellow"]], [1.0, OKABE_ITO["blue"]]]
     fig = go.Figure(
         go.Heatmap(
             z=kept,
-            x=np.asarray(strip["columns"], dtype=object),
+            x=np.asarray(x, dtype=object),
             y=np.asarray(y, dtype=object),
             zmin=0,
             zmax=1,
@@ -86,7 +94,7 @@ def needle_strip(strip: dict[str, Any]) -> go.Figure:
             "height": max(220, 28 * len(y) + 110),
             "margin": {"l": 60, "r": 10, "t": 40, "b": 40},
             "yaxis": {"autorange": "reversed"},
-            "xaxis": {"side": "bottom"},
+            "xaxis": {"side": "bottom", **sparse_ticks(x)},
         },
     )
     return fig

@@ -51,6 +51,12 @@ def decode_figure(
             y_title="token",
             height=max(300, 18 * len(y) + 120),
         )
+    # one row per token, 18 px each: every row's tick names its token, not its index
+    ticks = [
+        f"{int(s)} «{escape_text(token_texts[i] if i < len(token_texts) else '', 12)}»"
+        for i, s in enumerate(steps)
+    ]
+    fig.layout.yaxis.update(tickmode="array", tickvals=list(y), ticktext=ticks)
     return fig
 
 
@@ -78,8 +84,27 @@ def token_table(tokens: pd.DataFrame, prompt_tokens: int) -> pd.DataFrame:
     return out
 
 
+MAX_BARS = 160
+"""Bars shown at once: at least 3 px each in the ~560 px a full-width chart gets at 1024 px."""
+
+
+def kl_window(
+    pos: np.ndarray, kl: np.ndarray, prompt_tokens: int, max_bars: int = MAX_BARS
+) -> tuple[float, float]:
+    """The x range first shown: every position when they fit, else max_bars of them around the
+    prompt token of highest KL (the first the drill-down below offers to explain)."""
+    if len(pos) <= max_bars:
+        return float(pos.min()) - 0.5, float(pos.max()) + 0.5
+    finite = np.where(np.isfinite(kl) & (pos < prompt_tokens), kl, -np.inf)
+    centre = int(np.argmax(finite))
+    lo = min(max(centre - max_bars // 2, 0), len(pos) - max_bars)
+    return float(pos[lo]) - 0.5, float(pos[lo + max_bars - 1]) + 0.5
+
+
 def kl_strip(tokens: pd.DataFrame, prompt_tokens: int, title: str = "Per-token KL") -> go.Figure:
-    """KL(dense || sparse) per position (prompt and generation) as a one-row heatmap strip."""
+    """KL(dense || sparse) per position (prompt and generation) as bars. Past MAX_BARS positions
+    it opens on MAX_BARS of them around the highest KL, with a range slider to move, so a bar
+    stays wide enough to see and click."""
     s = tokens[tokens["variant"] == "sparse"].sort_values("position")
     pos = s["position"].to_numpy()
     kl = s["kl"].to_numpy(dtype=float)
@@ -96,11 +121,18 @@ def kl_strip(tokens: pd.DataFrame, prompt_tokens: int, title: str = "Per-token K
         )
     )
     fig.add_vline(x=prompt_tokens - 0.5, line={"dash": "dot", "color": "#666666"})
+    xaxis: dict[str, Any] = {"title": {"text": "position (blue prompt, vermillion generated)"}}
+    if len(pos) > MAX_BARS:
+        xaxis.update(
+            range=list(kl_window(pos, kl, prompt_tokens)),
+            rangeslider={"visible": True, "thickness": 0.12},
+        )
+        xaxis["title"]["text"] += f" · {MAX_BARS} of {len(pos)} shown: drag the slider to move"
     fig.update_layout(
         title={"text": title},
-        height=260,
+        height=300 if len(pos) > MAX_BARS else 260,
         margin={"l": 40, "r": 10, "t": 40, "b": 40},
-        xaxis={"title": {"text": "position (blue prompt, vermillion generated)"}},
+        xaxis=xaxis,
         yaxis={"title": {"text": "KL"}},
         bargap=0,
     )

@@ -39,7 +39,7 @@ m[1].metric("Perplexity, sparse", _fmt(metrics.get("ppl_sparse"), ".2f"))
 m[2].metric("Common prefix (tokens)", _fmt(metrics.get("gen_common_prefix"), ".0f"))
 
 other_ids = [i for i in runs["id"] if i != run_id]
-labels = {r["id"]: widgets.run_label(r) for _, r in runs.iterrows()}
+labels = widgets.run_labels(runs)
 mode = st.radio(
     "Compare with",
     ["its dense generation", "another run's sparse generation"],
@@ -144,7 +144,7 @@ choices = [c for c in choices if 0 < c < n]
 labels_q = figures.token_choice_labels(toks, choices)
 if st.session_state.get("cmp_query") not in choices:
     st.session_state["cmp_query"] = choices[0]
-q1, q2 = st.columns([4, 1], vertical_alignment="bottom")
+q1, q2 = st.columns([2, 1], vertical_alignment="bottom")
 with q1:
     position = st.selectbox(
         "Token to explain (the prompt tokens with the highest KL; or click a bar above)",

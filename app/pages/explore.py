@@ -37,6 +37,25 @@ PREVIEW_HINT = "The preview re-thresholds stored prefill scores of a sparse laye
 ALL_GROUPS = -1  # the group picker's "all groups" (None would show as an empty choice)
 
 
+def heads_note(per_group: bool, pool: str) -> str:
+    """Why there is no per-head view: what the store keeps of the heads."""
+    unit = "KV-head group" if per_group else "layer"
+    return (
+        f"No per-head view: the store keeps no per-head scores or masks. Selection is per {unit}: "
+        f"the heads' block estimates are pooled ({pool}) into one before selecting, and every "
+        f"head of a {unit} attends to the same kept blocks (so each head's mask is its "
+        f"{unit}'s). One token's attention per head is computed on demand from Compare's "
+        "drill-down."
+    )
+
+
+def _generated(url: str, run_id: str) -> list[str]:
+    """The sparse model's generated tokens, in order (the decode steps' tokens)."""
+    toks = widgets.tokens(url, run_id)
+    gen = toks[(toks["variant"] == "sparse") & (toks["position"] >= prompt_tokens)]
+    return list(gen.sort_values("position")["text"])
+
+
 def walks(config: dict, method: str | None) -> bool:
     """Whether the run walked (beta > 0 with a method that walks): else no walk views. A config
     stored without beta (older or hand-made runs) cannot say: what was stored is shown."""
@@ -108,7 +127,7 @@ if needle_text:
         st.info(trace.sentence())
         if trace.steps:
             st.plotly_chart(
-                figures.needle_strip(strip_matrix(trace.steps)),
+                figures.needle_strip(strip_matrix(trace.steps), _generated(url, run_id)),
                 key="needle_strip",
                 config={"displaylogo": False},
             )
@@ -133,17 +152,20 @@ with c2:
         else steps[0]
     )
 with c3:
-    palette = st.selectbox("Palette (colour-blind safe)", figures.PALETTES, key="ex_palette")
+    palette = st.selectbox(
+        "Palette", figures.PALETTES, key="ex_palette", help="All four are colour-blind safe."
+    )
 with c4:
-    log = st.toggle("Log colour scale", value=True, key="ex_log")
+    log = st.toggle("Log colour", value=True, key="ex_log", help="A log colour scale.")
     miss_threshold = st.number_input(
-        "Miss threshold (exact mass)",
+        "Miss threshold",
         0.0,
         1.0,
         0.05,
         0.01,
         key="ex_miss_threshold",
-        help="Blocks with at least this exact mass that were not selected are marked as misses.",
+        help="Blocks with at least this exact attention mass that were not selected are marked "
+        "as misses.",
     )
 
 
@@ -175,12 +197,14 @@ def layer_panel(
             ),
             layers[0],
         )
-    s1, s2 = st.columns([6, 1])
+    s1, s2 = st.columns([5, 1])
     with s1:
         layer = st.select_slider("Layer", layers, key="ex_layer")
     with s2:
         playing = st.session_state.get("ex_playing", False)
-        if st.button("⏸ Pause" if playing else "▶ Play layers", key="btn_play"):
+        if st.button(
+            "⏸ Pause" if playing else "▶ Play", key="btn_play", help="Step through the layers"
+        ):
             playing = not playing
             st.session_state["ex_playing"] = playing
 
@@ -210,7 +234,9 @@ def layer_panel(
             )
         with g2:
             multiples = st.toggle(
-                "Small multiples: every group's kept blocks", key="ex_group_multiples"
+                "Small multiples",
+                key="ex_group_multiples",
+                help="Every group's kept blocks side by side.",
             )
         has = (stats["phase"] == group_phase(phase, max(group, 0))) & (stats["step"] == step)
         if group != ALL_GROUPS and (has & (stats["layer"] == layer)).any():
@@ -257,15 +283,15 @@ def layer_panel(
     group_shown = split_phase(data_phase)[1]
     target = figures.layer_target(cfg, run.get("metrics"), int(layer), group_shown)
     m[1].metric(
-        "Target density",
+        "Target",
         f"{target:.3f}",
         help="This layer's share of the run's density (its layer profile; the run's density "
         "when the profile is uniform).",
     )
     m[2].metric(
-        "Sketch error (TV)",
+        "Sketch error",
         "–" if np.isnan(row["sketch_error"]) else f"{row['sketch_error']:.3f}",
-        help="Total-variation distance between the block estimate and the exact mean block "
+        help="Total-variation (TV) distance between the block estimate and the exact mean block "
         "mass, per row. With max pooling (the default) the estimate ranks each block by the "
         "query or head that needs it most, so it differs from the mean mass by design: compare "
         "runs of one pooling.",
@@ -291,6 +317,12 @@ def layer_panel(
             f"target of {target:.2f}: the forced blocks (sink, local window) take that much at "
             "this length (the verdict above says how much)."
         )
+    if phase == "prefill" and not row["dense"]:
+        try:
+            run_cfg = SketchWalkConfig.from_stored(cfg)
+            st.caption(heads_note(run_cfg.per_group, run_cfg.pool))
+        except (ConfigError, TypeError, ValueError):
+            pass  # a config that does not parse: nothing to say about its heads
     if group_ids:
         _, which = split_phase(data_phase)
         st.caption(
@@ -331,7 +363,24 @@ def layer_panel(
         query_panel(run, int(query["position"]), int(layer), query_row)
     where = (data_phase, step, int(layer))
     dense = bool(row["dense"])
-    density_preview(run, where, dense, n_hm, view, region, blocks, miss_threshold, needle_blocks)
+    stored_groups = tuple(  # the layer's per-group prefill records, all of them or none
+        g
+        for g in group_ids
+        if ((stats["phase"] == group_phase("prefill", g)) & (stats["layer"] == layer)).any()
+    )
+    stored_groups = stored_groups if stored_groups == tuple(range(len(group_ids))) else ()
+    density_preview(
+        run,
+        where,
+        dense,
+        n_hm,
+        view,
+        region,
+        blocks,
+        miss_threshold,
+        needle_blocks,
+        stored_groups,
+    )
     more_views(
         run, stats, blocks, phase, step, int(layer), layers, n_hm, log, palette, needle_blocks
     )
@@ -381,15 +430,40 @@ def query_panel(run: dict, position: int, layer: int, row: int) -> None:
 
 
 @st.cache_data(show_spinner=False, max_entries=32)
-def _preview(url: str, run_id: str, layer: int, rho: float) -> np.ndarray:
-    """The preview's kept blocks, cached: moving another control must not recompute it."""
+def _basis(
+    url: str, run_id: str, layer: int, groups: tuple[int, ...]
+) -> figures.PreviewBasis | None:
+    """What the layer's preview selects from (figures.preview_basis), read once per layer."""
     meta = widgets.run_meta(url, run_id)
     conf = meta.get("config") or {}
-    layer_hm = widgets.heatmap(url, run_id, "prefill", 0, layer)
-    method_scores = figures.method_scores(
-        layer_hm, meta.get("method") or conf.get("method", "sketchwalk")
+    return figures.preview_basis(
+        widgets.heatmap(url, run_id, "prefill", 0, layer),
+        [widgets.heatmap(url, run_id, group_phase("prefill", g), 0, layer) for g in groups],
+        meta.get("method") or conf.get("method", "sketchwalk"),
+        conf,
+        meta.get("metrics"),
+        layer,
     )
-    return figures.preview_selection(method_scores, int(meta.get("prompt_tokens") or 0), conf, rho)
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _preview(
+    url: str, run_id: str, layer: int, groups: tuple[int, ...], densities: tuple[float, ...]
+) -> np.ndarray:
+    """[G, n, n]: each selection group's kept blocks at `densities`, cached: moving another
+    control must not recompute it."""
+    meta = widgets.run_meta(url, run_id)
+    basis = _basis(url, run_id, layer, groups)
+    conf = meta.get("config") or {}
+    return figures.preview_selection(
+        basis.scores, int(meta.get("prompt_tokens") or 0), conf, densities
+    )
+
+
+def density_stops(target: float) -> list[float]:
+    """The preview slider's stops: every 0.01, and the run's own density exactly (a profile's
+    share such as 0.2347 rounded to 0.23 would select something else)."""
+    return sorted({round(i / 100, 2) for i in range(1, 101)} | {float(target)})
 
 
 def density_preview(
@@ -402,11 +476,14 @@ def density_preview(
     blocks: pd.DataFrame,
     miss_threshold: float,
     needle_blocks: list[int],
+    groups: tuple[int, ...],
 ) -> None:
     """What a sparse prefill layer (where = data phase, step, layer) would keep at another
-    density. Reads the layer's full matrices, so past MAX_SIDE blocks only when asked."""
+    density: the engine's selection over the scores each KV-head group ranked, at the group
+    densities the run stored, so at the run's own density it is the stored selection. Reads
+    the layer's full matrices, so past MAX_SIDE blocks only when asked."""
     st.subheader("Density preview")
-    url, run_id, cfg = widgets.db_url(), run["id"], run.get("config") or {}
+    url, run_id = widgets.db_url(), run["id"]
     data_phase, step, layer = where
     if split_phase(data_phase)[0] != "prefill" or dense:
         st.caption(PREVIEW_HINT)
@@ -418,29 +495,51 @@ def density_preview(
     ):
         return
     hm = widgets.heatmap(url, run_id, data_phase, step, layer)
-    if figures.method_scores(hm, run.get("method") or cfg.get("method", "sketchwalk")) is None:
+    basis = _basis(url, run_id, layer, groups)
+    if basis is None:
         st.caption(PREVIEW_HINT)
         return
-    start = min(1.0, max(0.01, round(figures.layer_target(cfg, run.get("metrics"), layer), 2)))
-    if st.session_state.get("ex_preview_for") != (run_id, data_phase, layer):
-        # another run or layer: start from its target, not the last slider position
+    group = split_phase(data_phase)[1]
+    own = basis.target(group)
+    stops = density_stops(own)
+    if st.session_state.get("ex_preview_for") != (run_id, data_phase, layer) or (
+        st.session_state.get("ex_preview_density") not in stops
+    ):  # another run, layer or group: start from its own density, not the last position
         st.session_state["ex_preview_for"] = (run_id, data_phase, layer)
-        st.session_state["ex_preview_density"] = start
+        st.session_state["ex_preview_density"] = own
     p1, p2 = st.columns([3, 1])
     with p1:
-        rho = st.slider(
+        rho = st.select_slider(
             "What would be kept at this density?",
-            0.01,
-            1.0,
-            step=0.01,
+            stops,
+            format_func=lambda x: f"{x:.3f} (this run)" if x == own else f"{x:.2f}",
             key="ex_preview_density",
+            help="Starts at this layer's own density in the run: the preview is then the "
+            "stored selection. Other densities keep the groups' spread in proportion.",
         )
-    kept = _preview(url, run_id, layer, float(rho))
+    kept_g = _preview(url, run_id, layer, groups, basis.densities_at(float(rho), group))
     causal = figures.causal_mask(n, n)
+    if group is not None and group < len(kept_g):
+        kept = kept_g[group]
+        density = figures.kept_density(kept, causal)
+    else:  # the layer: kept by any group; density as the engine counts it (mean over groups)
+        kept = kept_g.any(0)
+        density = float(np.mean([figures.kept_density(k, causal) for k in kept_g]))
     recall = figures.mass_recall(hm.get("exact"), kept)
     with p2:
-        st.metric("Preview density", f"{figures.kept_density(kept, causal):.3f}")
+        st.metric("Preview density", f"{density:.3f}")
         st.metric("Preview mass recall", "–" if recall is None else f"{recall:.3f}")
+    if basis.why:
+        st.caption(f":material/info: {basis.why}")
+    elif rho == own:
+        differ = int((kept != np.asarray(hm["selected"], bool)).sum())
+        st.caption(
+            "At this run's own density the preview is the stored selection (the same scores per "
+            "KV-head group, group densities, query tiles and forced blocks)."
+            if differ == 0
+            else f"At this run's own density the preview differs from the stored selection in "
+            f"{widgets.plural(differ, 'block')}: the stored scores do not reproduce it."
+        )
     ptitle = f"PREVIEW (not a run): blocks kept at density {rho:.2f}, layer {layer}"
     if region is None:
         labels = figures.block_labels(blocks, n)

@@ -23,7 +23,7 @@ if len(runs) < 2:
     st.info("The mask diff needs two finished runs of the same prompt.")
     st.stop()
 ids = list(runs["id"])
-labels = {r["id"]: widgets.run_label(r) for _, r in runs.iterrows()}
+labels = widgets.run_labels(runs)
 pair = st.session_state.pop(DIFF_KEY, None)
 if pair and all(p in ids for p in pair):
     st.session_state["df_a"], st.session_state["df_b"] = pair

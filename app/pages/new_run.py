@@ -14,6 +14,16 @@ from sketchwalk.text import plain_markdown
 from sketchwalk.worker.loop import make_request
 
 store = widgets.setup("New run")
+WHAT_IT_IS = (
+    "**Sketch&Walk** runs a language model with sparse attention (each block of queries reads "
+    "only the key blocks a cheap sketch scores highest) beside the same model dense, and shows "
+    "what was kept, what it cost in quality and what it saved in time."
+)
+FIRST_STEP = (
+    "First time here? Load the needle demo (a 2k-token text hiding pass key "
+    f"{prompts.NEEDLE_DEMO_KEY}), press Run, then open Explore to follow the key through the "
+    "layers."
+)
 limits = settings.load()
 INITIAL = {
     "nr_prompt": "",
@@ -39,6 +49,18 @@ def _load_sample() -> None:
         st.session_state["nr_prompt"] = prompts.SAMPLES[name]()
 
 
+def _load_demo() -> None:
+    """The first step offered to a new visitor: the needle demo's prompt, ready to run."""
+    st.session_state["nr_sample"] = prompts.NEEDLE_DEMO_LABEL
+    _load_sample()
+
+
+st.markdown(WHAT_IT_IS)
+d1, d2 = st.columns([2, 1], vertical_alignment="center")
+with d1:
+    st.markdown(FIRST_STEP)
+with d2:
+    st.button("Try the needle demo", key="btn_nr_demo", on_click=_load_demo)
 st.selectbox(
     "Start from a sample",
     ["(type or paste below)", *prompts.SAMPLES],
@@ -47,7 +69,7 @@ st.selectbox(
     help="Bundled texts: a license (prose), a code file, synthetic pass-key retrieval prompts.",
 )
 # no max_chars on the widget: the browser would cut a longer paste silently; it is refused below
-prompt = st.text_area("Prompt", key="nr_prompt", height=220)
+prompt = st.text_area("Prompt", key="nr_prompt", height=150)
 too_long = len(prompt) > limits.max_prompt_chars
 
 left, right = st.columns([2, 1])
@@ -91,6 +113,10 @@ elif info is not None:
         f"{widgets.plural(n_tokens, 'token')} · limit {limit} tokens for {widgets.short_model(info.model_id)} · "
         f"{len(prompt):,} of at most {limits.max_prompt_chars:,} characters"
     )
+
+# Run, its messages and the job panel sit here, above the knobs, so Run shows without
+# scrolling; they are drawn at the end, once every knob has been read.
+run_slot = st.container()
 
 values = knob_widgets.render("basic", columns=3)
 t1, t2 = st.columns(2)
@@ -166,42 +192,44 @@ if n_tokens is not None and info is not None:
         except RequestError as exc:
             errors.append(str(exc))
 
-for message in errors:
-    st.error(plain_markdown(message))
-for message in notes:
-    st.info(message)
-if not errors and not notes and cfg is not None and n_tokens and cfg.method != "dense":
-    floor = density_floor(cfg.to_dict(), n_tokens)  # the engine's selection at this length
-    blocks = f"{widgets.plural(-(-n_tokens // cfg.block_size), 'block')} of {cfg.block_size}"
-    if floor is not None and floor >= 0.995:
-        st.warning(
-            f"At {widgets.plural(n_tokens, 'token')} ({blocks}) the forced blocks (sink, local "
-            "window, diagonal) are every causal block pair: this run will be dense in effect "
-            f"(density 1.00), whatever the target {cfg.density:g}. A longer prompt or smaller "
-            "blocks leave something to select.",
-            icon="⚠️",
+with run_slot:  # Run first: messages under it never push it below the fold
+    if st.button("Run", type="primary", disabled=bool(errors or notes), key="btn_run"):
+        request = make_request(
+            prompt,
+            cfg.to_dict(),
+            model=(model_id.strip() or None),
+            max_new_tokens=int(max_new),
+            time_only=bool(time_only),
+            clean_timing=bool(clean_timing),
         )
-    elif floor is not None and floor > cfg.density * FAR_RATIO and floor - cfg.density > FAR_ABS:
-        st.warning(
-            f"At {widgets.plural(n_tokens, 'token')} ({blocks}) the forced blocks alone (sink, "
-            f"local window, diagonal{', of every row of a query tile' if cfg.rows_per_list > 1 else ''}) "
-            f"keep {floor:.2f} of the causal block pairs, so this run cannot get near the target "
-            f"density {cfg.density:g}: it will run at about {floor:.2f}. A longer prompt or "
-            "smaller blocks let the density reach the target.",
-            icon="⚠️",
-        )
-
-if st.button("Run", type="primary", disabled=bool(errors or notes), key="btn_run"):
-    request = make_request(
-        prompt,
-        cfg.to_dict(),
-        model=(model_id.strip() or None),
-        max_new_tokens=int(max_new),
-        time_only=bool(time_only),
-        clean_timing=bool(clean_timing),
-    )
-    job_id = widgets.submit(store, request)
-    st.toast(f"Queued job {job_id[:8]}")
+        job_id = widgets.submit(store, request)
+        st.toast(f"Queued job {job_id[:8]}")
+    for message in errors:
+        st.error(plain_markdown(message))
+    for message in notes:
+        st.info(message)
+    if not errors and not notes and cfg is not None and n_tokens and cfg.method != "dense":
+        floor = density_floor(cfg.to_dict(), n_tokens)  # the engine's selection at this length
+        blocks = f"{widgets.plural(-(-n_tokens // cfg.block_size), 'block')} of {cfg.block_size}"
+        if floor is not None and floor >= 0.995:
+            st.warning(
+                f"At {widgets.plural(n_tokens, 'token')} ({blocks}) the forced blocks (sink, local "
+                "window, diagonal) are every causal block pair: this run will be dense in effect "
+                f"(density 1.00), whatever the target {cfg.density:g}. A longer prompt or smaller "
+                "blocks leave something to select.",
+                icon="⚠️",
+            )
+        elif (
+            floor is not None and floor > cfg.density * FAR_RATIO and floor - cfg.density > FAR_ABS
+        ):
+            st.warning(
+                f"At {widgets.plural(n_tokens, 'token')} ({blocks}) the forced blocks alone (sink, "
+                f"local window, diagonal{', of every row of a query tile' if cfg.rows_per_list > 1 else ''}) "
+                f"keep {floor:.2f} of the causal block pairs, so this run cannot get near the target "
+                f"density {cfg.density:g}: it will run at about {floor:.2f}. A longer prompt or "
+                "smaller blocks let the density reach the target.",
+                icon="⚠️",
+            )
 
 my_jobs = st.session_state.get(widgets.JOBS_KEY, [])
 
@@ -235,7 +263,8 @@ def _jobs_panel() -> None:
     st.session_state["nr__was_active"] = _active(jobs)
 
 
-if my_jobs:
-    st.subheader("Your runs")
-    polling = _active([store.get_job(j) for j in my_jobs])
-    st.fragment(_jobs_panel, run_every=limits.poll_s if polling else None)()
+with run_slot:
+    if my_jobs:
+        st.subheader("Your runs")
+        polling = _active([store.get_job(j) for j in my_jobs])
+        st.fragment(_jobs_panel, run_every=limits.poll_s if polling else None)()

@@ -11,6 +11,7 @@ import streamlit as st
 
 from sketchwalk import access
 from sketchwalk.app import widgets
+from sketchwalk.app.run_names import preset_of
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.store.export import MANIFEST
 from sketchwalk.text import plain_markdown
@@ -30,6 +31,7 @@ def _table(runs: pd.DataFrame) -> pd.DataFrame:
             "Method": runs["method"],
             "Model": runs["model_id"].map(widgets.short_model),
             "Tokens": runs["prompt_tokens"],
+            "Preset": cfg.map(preset_of),
             "Target density": cfg.map(lambda c: c.get("density")),
             "Achieved density": met.map(lambda m: m.get("density_achieved")),
             "KL": met.map(lambda m: m.get("kl_mean")),
@@ -63,6 +65,23 @@ def import_line(imported: list[str], named: list[str], present: set[str]) -> str
     return line
 
 
+def upload_help() -> str:
+    """The upload cap in force (the server's, which `sketchwalk app` sets to the import's
+    per-file cap) and what to do past it."""
+    from sketchwalk import settings
+
+    server = int(st.get_option("server.maxUploadSize"))
+    allowed = settings.load().import_max_member_mb
+    line = f"Up to {min(server, allowed):,} MB per upload."
+    if server < allowed:
+        line += (
+            f" Imports allow {allowed:,} MB per file, but this server caps uploads at {server:,} "
+            "MB: start it with `sketchwalk app` (or --server.maxUploadSize), or use "
+            "`sketchwalk import`."
+        )
+    return line
+
+
 f1, f2, f3 = st.columns(3)
 with f1:
     status = st.multiselect("Status", ["done", "running", "queued", "failed"], key="runs_status")
@@ -82,7 +101,7 @@ if text:
 st.caption(f"{len(view)} of {widgets.plural(len(runs), 'run')}; click a column header to sort.")
 st.dataframe(view, hide_index=True, key="runs_table")
 
-labels = {r["id"]: widgets.run_label(r) for _, r in runs.iterrows()}
+labels = widgets.run_labels(runs)
 picked = st.multiselect(
     "Selected runs", list(view["id"]), format_func=lambda i: labels.get(i, i), key="runs_picked"
 )
@@ -127,7 +146,10 @@ can_import = access.load().allow_import  # a shared deployment may switch import
 if can_import:
     st.subheader("Import")
 upload = can_import and st.file_uploader(
-    "A Parquet zip made by Export or `sketchwalk export`", type=["zip"], key="runs_upload"
+    "A Parquet zip made by Export or `sketchwalk export`",
+    type=["zip"],
+    key="runs_upload",
+    help=upload_help(),
 )
 skip = can_import and st.checkbox("Skip runs already in the store", value=True, key="runs_skip")
 IMPORTED = "runs_imported"  # the last import's line, shown after the rerun that redraws the table

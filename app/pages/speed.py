@@ -124,10 +124,12 @@ if overhead:
         for phase, unit in (("prefill", "ms"), ("decode", "ms/token"))
         if f"{phase}_ms" in overhead
     ]
+    head, _, share = parts[0].partition(" (")  # the share on the smaller line: it fits at 1024 px
+    under = ([f"({share}"] if share else []) + parts[1:]
     cols[-1].metric(
         "Recording overhead (sparse)",
-        parts[0],
-        " · ".join(parts[1:]) or None,
+        head,
+        " · ".join(under) or None,
         delta_color="off",
         delta_arrow="off",
         help="The recorded sparse pass minus the clean one: copying every layer's estimates and "

@@ -306,9 +306,9 @@ def test_ticks_name_blocks_in_tiled_and_zoomed_views():
     hm = {"n_blocks": n, "q_blocks": np.arange(n), "sketch": walk, "walk": walk, "exact": None}
     hm["selected"] = np.tri(n, dtype=bool)
     tiled = figures.layer_figures(hm, None)["walk"].layout.xaxis.ticktext
-    assert tiled[:3] == ("0", "51", "102")  # tiles of 3 blocks, every 17th of 200 tiles labelled
+    assert tiled[:3] == ("0", "150", "300")  # tiles of 3 blocks, every 50th of 200 tiles labelled
     zoomed = figures.layer_figures(hm, None, region=(100, 199, 300, 399))["walk"]
-    assert zoomed.layout.xaxis.ticktext[:2] == ("300", "309")
+    assert zoomed.layout.xaxis.ticktext[:2] == ("300", "320")  # 100 blocks: every 20th
     assert zoomed.layout.yaxis.ticktext[0] == "100"
 
 

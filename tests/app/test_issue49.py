@@ -93,10 +93,11 @@ def test_one_speed_number_per_run_on_every_page(fresh):
         other = _save(store, t, density=0.4, block_size=8)  # another setting: not on the line
         _save(store, {}, density=0.5)  # no clean pass: not on the line either
     at = _page(new_app().run(), "explore", rid)
-    verdict = next(x.value for x in at.metric if x.label.startswith("Prefill speed"))
+    verdict = next(x for x in at.metric if x.label.startswith("Prefill speed"))
     _page(at, "speed", rid)
     head = next(x.value for x in at.metric if x.label == "Prefill, whole model")
-    assert verdict == head == "1.25× (1.00–1.50)"
+    assert head == "1.25× (1.00–1.50)"  # the verdict: the median, its range on the line under it
+    assert (verdict.value, verdict.delta) == ("1.25×", "range 1.00–1.50×")
     table = next(d.value for d in at.dataframe if "Clean prefill range ×" in d.value.columns)
     assert list(table["Target density"]) == ["0.2", "0.3"]  # the comparable runs only
     assert set(table["Clean prefill speed-up ×"]) == {"1.25"}
@@ -142,7 +143,7 @@ def test_play_ends_on_the_last_layer_offering_play_again(app_env):
     at.button(key="btn_play").click().run()
     assert not at.exception, at.exception
     assert str(at.select_slider(key="ex_layer").value) == str(layers[-1])
-    assert at.button(key="btn_play").label == "▶ Play layers"
+    assert at.button(key="btn_play").label == "▶ Play"
     assert at.session_state["ex_playing"] is False
 
 

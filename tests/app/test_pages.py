@@ -153,7 +153,7 @@ def test_explore_draws_the_layer_matrices_and_follows_the_slider(app_env):
     assert metrics["Mass recall"] == f"{row['mass_recall']:.3f}"
     run = store.get_run(rid)  # a tiny model has no layer profile: the run's density everywhere
     target = figures.layer_target(run["config"], run["metrics"], layer)
-    assert metrics["Target density"] == f"{target:.3f}" == f"{run['config']['density']:.3f}"
+    assert metrics["Target"] == f"{target:.3f}" == f"{run['config']['density']:.3f}"
 
     at.toggle(key="ex_log").set_value(False).run()
     at.select_slider(key="ex_layer").set_value(3).run()
@@ -172,7 +172,7 @@ def test_explore_preview_rethresholds_and_queues_a_real_rerun(app_env):
     store = open_store(url)
     rid = ids["sketchwalk"]
     at = on_page(new_app().run(), "explore", rid)
-    at.slider(key="ex_preview_density").set_value(0.5).run()
+    at.select_slider(key="ex_preview_density").set_value(0.5).run()
     figs = charts(at)
     title = next(t for t in figs if t.startswith("PREVIEW (not a run)"))
     assert "density 0.50" in title
@@ -180,14 +180,17 @@ def test_explore_preview_rethresholds_and_queues_a_real_rerun(app_env):
     run = store.get_run(rid)
     from sketchwalk.app import figures
 
-    hm = store.heatmap(rid, "prefill", 0, at.select_slider(key="ex_layer").value)
-    expected = figures.preview_selection(hm["walk"], run["prompt_tokens"], run["config"], 0.5)
-    np.testing.assert_array_equal(np.nan_to_num(kept) == 1, expected)
+    layer = at.select_slider(key="ex_layer").value
+    # a per-group run: each KV group selects from its own scores; the layer keeps any group's
+    walks = np.stack([store.heatmap(rid, f"prefill:g{g}", 0, layer)["walk"] for g in (0, 1)])
+    expected = figures.preview_selection(walks, run["prompt_tokens"], run["config"], (0.5, 0.5))
+    np.testing.assert_array_equal(np.nan_to_num(kept) == 1, expected.any(0))
     _, forced = figures.selection_rule(kept.shape[0], run["prompt_tokens"], run["config"])
     assert (np.nansum(kept, axis=1) >= forced.sum(1)).all()
     metrics = {m.label: m.value for m in at.metric}
     causal = figures.causal_mask(kept.shape[0], kept.shape[0])
-    assert metrics["Preview density"] == f"{np.nansum(kept) / causal.sum():.3f}"
+    per_group = [e[causal].sum() / causal.sum() for e in expected]
+    assert metrics["Preview density"] == f"{np.mean(per_group):.3f}"
 
     before = {j.id for j in store.list_jobs()}
     at.button(key="btn_rerun_density").click().run()
@@ -227,7 +230,7 @@ def test_explore_shows_each_layers_target_from_the_runs_layer_profile(
     at = on_page(new_app().run(), "explore", run["id"])
     at.select_slider(key="ex_layer").set_value(3).run()
     want = sum(s[0] for s in shares[3]) / groups
-    assert {m.label: m.value for m in at.metric}["Target density"] == f"{want:.3f}"
+    assert {m.label: m.value for m in at.metric}["Target"] == f"{want:.3f}"
     at.radio(key="ex_view").set_value("Per-layer curves").run()
     traces = {t["name"]: t for t in charts(at)["Per layer"]["data"]}
     target = traces["target density (layer profile)"]

@@ -77,7 +77,7 @@ def test_the_finished_run_shows_its_verdict_on_new_run(fresh, tiny_model, models
     Worker(store, models=models).drain()
     at.run()
     labels = [m.label for m in at.metric]
-    for name in ("Achieved density", "Attention mass kept", "KL to dense", "Top-1 agreement"):
+    for name in ("Achieved density", "Mass kept", "KL to dense", "Top-1 agreement"):
         assert any(label.startswith(name) for label in labels), (name, labels)
     assert any(label.startswith("Prefill speed") for label in labels)
 

@@ -48,10 +48,13 @@ def test_explore_opens_with_the_runs_verdict(app_env):
     top1 = next(v for k, v in got.items() if k.startswith("Top-1 agreement"))
     assert top1 == f"{m['top1_agreement']:.1%}"
     sparse = stats[(stats["phase"] == "prefill") & ~stats["dense"]]["mass_recall"]
-    mass = next(v for k, v in got.items() if k.startswith("Attention mass kept"))
+    mass = next(v for k, v in got.items() if k.startswith("Mass kept"))
     assert mass == f"{sparse.mean():.1%}"
-    prefill = next(v for k, v in got.items() if k.startswith("Prefill speed"))
-    assert prefill == "noise" or re.fullmatch(r"\d+\.\d\d× \(\d+\.\d\d–\d+\.\d\d\)", prefill)
+    prefill = next(m for m in at.metric if m.label.startswith("Prefill speed"))
+    assert prefill.value == "noise" or (
+        re.fullmatch(r"\d+\.\d\d×", prefill.value)
+        and re.fullmatch(r"range \d+\.\d\d–\d+\.\d\d×", prefill.delta)
+    )
     layer = at.select_slider(key="ex_layer").value  # the shown layer, warned when off target
     got = stats[(stats["phase"] == "prefill") & (stats["layer"] == layer)]["density_achieved"]
     far = float(got.iloc[0]) > 0.2 * FAR_RATIO and float(got.iloc[0]) - 0.2 > FAR_ABS
@@ -81,11 +84,11 @@ def test_a_run_without_the_walk_has_no_walk_views(app_env):
 def test_the_density_preview_starts_from_the_shown_runs_target(app_env):
     url, ids = app_env
     at = _page(new_app().run(), "explore", ids["sketchwalk"])
-    at.slider(key="ex_preview_density").set_value(0.55).run()
-    assert at.slider(key="ex_preview_density").value == 0.55
+    at.select_slider(key="ex_preview_density").set_value(0.55).run()
+    assert at.select_slider(key="ex_preview_density").value == 0.55
     at.selectbox(key="explore_run").set_value(ids["nowalk"]).run()  # a 0.3 run
     at.select_slider(key="ex_layer").set_value(2).run()
-    assert at.slider(key="ex_preview_density").value == 0.3
+    assert at.select_slider(key="ex_preview_density").value == 0.3
 
 
 def test_compare_drills_from_a_high_kl_token_to_the_layer_that_dropped_its_attention(

@@ -67,7 +67,7 @@ def test_verdict_panel_on_explore(server, browser, stored):
     settle(page)
     text = panel.inner_text()
     m = run["metrics"]
-    for label in ("Achieved density", "Attention mass kept", "KL to dense", "Top-1 agreement"):
+    for label in ("Achieved density", "Mass kept", "KL to dense", "Top-1 agreement"):
         assert label in text, label
     assert f"{m['kl_mean']:.4f}" in text and f"{m['top1_agreement']:.1%}" in text
     assert f"target {m['density_target']:.2f}" in text
