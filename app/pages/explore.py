@@ -31,7 +31,7 @@ from sketchwalk.text import plain_markdown
 PLAY_INTERVAL_S = 0.8
 NO_WALK = (
     "The walk is off in this run (walk damping 0): blocks were selected from each layer's own "
-    "sketch estimate A_l, so there are no walk scores or walk views."
+    "sketch estimate A_l, and this run recorded no walk scores."
 )
 PREVIEW_HINT = "The preview re-thresholds stored prefill scores of a sparse layer: pick one above."
 ALL_GROUPS = -1  # the group picker's "all groups" (None would show as an empty choice)
@@ -54,6 +54,26 @@ def _generated(url: str, run_id: str) -> list[str]:
     toks = widgets.tokens(url, run_id)
     gen = toks[(toks["variant"] == "sparse") & (toks["position"] >= prompt_tokens)]
     return list(gen.sort_values("position")["text"])
+
+
+def walk_counterfactual(metrics: dict, layer: int) -> tuple[str, str] | None:
+    """For a run that selected without the walk but recorded what it would do (the runner's
+    walk_effect): the walk heatmap's title and one caption line for this layer; None where the
+    run has no such record."""
+    eff = metrics.get("walk_effect")
+    if not isinstance(eff, dict) or eff.get("used") or "layers" not in eff:
+        return None
+    beta = eff.get("beta")
+    title = f"Walk score W_l at damping {beta:g}: not used for selection"
+    mine = next((x for x in eff["layers"] if x.get("layer") == layer), None)
+    if mine is None:
+        return title, "The walk's scores are shown for comparison; this run selected on A_l."
+    gain = mine.get("mass_gain")
+    mass = "" if gain is None else f", exact mass {gain:+.4f} per query-block row"
+    return title, (
+        f"This run selected on A_l (walk damping 0). The walk at damping {beta:g}, not used "
+        f"here, would keep +{mine['added']} / -{mine['dropped']} blocks in this layer{mass}."
+    )
 
 
 def walks(config: dict, method: str | None) -> bool:
@@ -266,8 +286,11 @@ def layer_panel(
     url = widgets.db_url()
     data = widgets.layer_view(url, run_id, data_phase, step, int(layer), region)
     figs = figures.data_figures(data, log, palette, miss_threshold)
-    if not WALKS:
-        figs.pop("walk", None)  # the same matrix as the sketch estimate: no walk ran
+    counterfactual = None if WALKS else walk_counterfactual(run.get("metrics") or {}, int(layer))
+    if counterfactual is not None and "walk" in figs:
+        figs["walk"].update_layout(title={"text": counterfactual[0]})
+    elif not WALKS:
+        figs.pop("walk", None)  # an older run stored A_l as its walk: nothing to show
     query = st.session_state.get(widgets.QUERY_KEY)
     query_row = None
     if isinstance(query, dict) and query.get("run") == run_id and phase == "prefill":
@@ -349,6 +372,8 @@ def layer_panel(
         st.info(
             "This layer runs dense attention (no walk, no selection); its sketch estimate is shown."
         )
+    elif counterfactual is not None:
+        st.caption(counterfactual[1])
     elif not WALKS:
         st.caption(NO_WALK)
     for i in range(0, len(order), 2):
@@ -580,7 +605,7 @@ def more_views(
     view = st.radio("More", options, horizontal=True, key="ex_view")
     if view == "Per-layer curves":
         cur = stats[(stats["phase"] == phase) & (stats["step"] == step)]
-        if not WALKS:
+        if not WALKS and walk_counterfactual(run.get("metrics") or {}, layer) is None:
             cur = cur.drop(columns=["walk_error"], errors="ignore")
         metrics = run.get("metrics") or {}
         targets = (

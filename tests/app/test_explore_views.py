@@ -158,6 +158,7 @@ def test_per_group_run_lets_explore_pick_a_group_or_show_all(
         rid = store.get_job(job).run_id
         g1 = store.heatmap(rid, "prefill:g1", 0, 2)
         stats = store.layer_stats(rid, "prefill:g1")
+        run_metrics = store.get_run(rid)["metrics"]
     monkeypatch.setenv("SKETCHWALK_DB", url)
     monkeypatch.setenv("SKETCHWALK_APP_WORKER", "0")
     at = _explore(rid)
@@ -170,7 +171,16 @@ def test_per_group_run_lets_explore_pick_a_group_or_show_all(
     at.selectbox(key="ex_group").set_value(1).run()
     assert not at.exception, at.exception
     assert any(c.value == "Matrices and metrics describe KV-head group 1." for c in at.caption)
-    assert "Walk score W_l" not in _charts(at)  # walk damping 0: no walk view
+    # walk damping 0: the walk did not select; its counterfactual scores are shown, labelled
+    walk_title = "Walk score W_l at damping 0.25: not used for selection"
+    walk = z_array(_charts(at)[walk_title]["data"][0])
+    np.testing.assert_allclose(walk, np.log10(np.maximum(g1["walk"], 1e-6)), rtol=1e-5)
+    assert not np.allclose(g1["walk"], g1["sketch"], equal_nan=True)  # not A_l again
+    effect = next(x for x in run_metrics["walk_effect"]["layers"] if x["layer"] == 2)
+    assert any(
+        f"would keep +{effect['added']} / -{effect['dropped']} blocks" in c.value
+        for c in at.caption
+    )
     sketch = z_array(_charts(at)["Sketch estimate A_l"]["data"][0])
     np.testing.assert_allclose(sketch, np.log10(np.maximum(g1["sketch"], 1e-6)), rtol=1e-5)
     recall = stats[stats["layer"] == 2]["mass_recall"].iloc[0]
