@@ -21,7 +21,7 @@ from .estimators import DecodeInputs
 from .estimators.window import key_estimates
 from .methods import ScoreInputs
 from .pipeline import (
-    Plan,
+    LayerPlan,
     choose_blocks,
     key_span,
     method_scores,
@@ -76,10 +76,10 @@ class DecodeLayerState:
 
 
 def start_decode(
-    plan: Plan, q: torch.Tensor, srht: SRHT, cfg: SketchWalkConfig, layer: int = 0
+    plan: LayerPlan, q: torch.Tensor, srht: SRHT, cfg: SketchWalkConfig, layer: int = 0
 ) -> DecodeLayerState:
     """Decode state from a prefill layer: its A_l, sums, and the last W sketched queries."""
-    st = DecodeLayerState(plan.a, plan.sketched, srht(q[:, :, -cfg.query_window :]))
+    st = DecodeLayerState(plan.estimate, plan.sketched, srht(q[:, :, -cfg.query_window :]))
     st.phase = stagger_phase(layer)
     return st
 
@@ -158,7 +158,7 @@ def chunk_step(
     prev_walk: torch.Tensor | None,
     select: bool = True,
     step: StepMeta | None = None,
-) -> Plan:
+) -> LayerPlan:
     """Queries after a cache (a chunked prefill, a later turn) for one layer.
 
     q [B, H, Lq, d] and k_new [B, Hkv, Lq, d] hold positions lk - Lq .. lk - 1. The sketched block
@@ -208,7 +208,7 @@ def chunk_step(
 
     a_rows, real_rows = timer.run("sketch", update)
     if not select:
-        return Plan(a_rows, None, None, None, timer.ms)
+        return LayerPlan(a_rows, None, None, None, timer.ms)
     beta = cfg.effective_beta
     w_rows = timer.run("walk", lambda: walk_rows(a_rows, st.a, prev_walk, beta, cfg.degree))
     start, end = key_span(key_valid)
@@ -219,7 +219,7 @@ def chunk_step(
         return choose_blocks(cfg, scores, rows, start, end, n, real_rows, step=step)
 
     sel = timer.run("select", choose)
-    return Plan(a_rows, w_rows, sel, None, timer.ms)
+    return LayerPlan(a_rows, w_rows, sel, None, timer.ms)
 
 
 def decode_absorb(
@@ -300,7 +300,7 @@ def decode_step(
     scale: float | None = None,
     all_valid: bool = False,
     step: StepMeta | None = None,
-) -> Plan:
+) -> LayerPlan:
     """One decode token for one layer: update A_l's current row, estimate, walk, select.
 
     q [B, H, 1, d] is the new query; k_new [B, Hkv, 1, d] its key at position lk - 1; keys
@@ -340,7 +340,7 @@ def decode_step(
     sel = timer.run("select", choose)
     st.selection, st.selected_block, st.steps_since = sel, cur, 0
     st.extended_from = None
-    return Plan(r, s, sel, None, timer.ms)
+    return LayerPlan(r, s, sel, None, timer.ms)
 
 
 def reusable(st: DecodeLayerState, lk: int, cfg: SketchWalkConfig, every: int) -> bool:
@@ -381,7 +381,7 @@ def decode_reuse(
     cfg: SketchWalkConfig,
     srht: SRHT,
     key_valid: torch.Tensor,
-) -> Plan:
+) -> LayerPlan:
     """A decode step that keeps the layer's last selection: the token only joins the sums, and a
     key block that starts with it joins the lists (it is the local window, always kept)."""
     timer = StageTimer(q.device)
@@ -392,4 +392,4 @@ def decode_reuse(
         st.selection = timer.run("select", lambda: extend_selection(st.extended_from, cur))
         st.selected_block = cur
     st.steps_since += 1
-    return Plan(None, None, st.selection, None, timer.ms)
+    return LayerPlan(None, None, st.selection, None, timer.ms)

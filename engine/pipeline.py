@@ -30,11 +30,11 @@ from .walk import COUNTERFACTUAL_BETA, walk
 
 
 @dataclass
-class Plan:
+class LayerPlan:
     """What one layer decided: its estimate, walk scores and the kept blocks."""
 
-    a: torch.Tensor | None  # [B, G, n, n] block transition estimate
-    w: torch.Tensor | None  # [B, G, n, n] walk scores (None when the method uses none)
+    estimate: torch.Tensor | None  # [B, G, n, n] block transition estimate A_l
+    walk_scores: torch.Tensor | None  # [B, G, n, n] W_l (None when the method uses none)
     selection: BlockSelection | None
     sketched: SketchedBlocks | None
     timings: dict[str, Duration] = field(default_factory=dict)  # ms (engine/clock.py)
@@ -180,7 +180,7 @@ def prefill_plan(
     step: StepMeta | None = None,
     alternative: bool = False,
     prev_alt: torch.Tensor | None = None,
-) -> Plan:
+) -> LayerPlan:
     """Sketch, walk and select for a prefill layer (queries == keys positions).
 
     select=False only estimates (dense layers that still feed decode or the recorder). exact:
@@ -204,7 +204,7 @@ def prefill_plan(
     )
     a = timer.run("sketch", lambda: transition(sk, rows, d, cfg, qt))
     if not select:
-        return Plan(a, None, None, sk, timer.ms)
+        return LayerPlan(a, None, None, sk, timer.ms)
     w = timer.run("walk", lambda: walk(a, prev_walk, cfg.effective_beta, cfg.degree))
     start, end = key_span(valid)
     real_rows = sk.q_count > 0
@@ -219,7 +219,7 @@ def prefill_plan(
     if alternative and cfg.method in WALK_METHODS:
         alt = walk_alternative(cfg, a, prev_alt, lambda scores: choose_blocks(
             cfg, scores, rows, start, end, n, real_rows, step=step))  # fmt: skip
-    return Plan(a, w, sel, sk, timer.ms, alt)
+    return LayerPlan(a, w, sel, sk, timer.ms, alt)
 
 
 # methods whose scores are the walk's W_l or the estimate A_l: the walk's effect is defined

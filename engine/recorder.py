@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .blockstats import mass_recall, row_mean, tv_distance
-from .pipeline import Plan
+from .pipeline import LayerPlan
 from .records import LayerRecord, group_phase
 from .select import selection_mask
 
@@ -44,7 +44,7 @@ class LayerStep:
     phase: str
     step: int
     layer: int
-    plan: Plan | None
+    plan: LayerPlan | None
     exact: torch.Tensor | None
     q: torch.Tensor
     k: torch.Tensor
@@ -98,7 +98,7 @@ class Recorder:
         real = self._real_rows(kv0, q.shape[2], block_size, rows)
         a = w = sel = None
         if plan is not None:
-            a = plan.a[:1].float().mean(1)[0] if plan.a is not None else None
+            a = plan.estimate[:1].float().mean(1)[0] if plan.estimate is not None else None
             w_all = _walk_scores(plan)
             w = w_all[:1].float().mean(1)[0] if w_all is not None else None
             if plan.selection is not None:
@@ -141,7 +141,7 @@ class Recorder:
         if groups > 1:
             self._group_records(rec, plan, exact_g, real)
 
-    def _groups(self, plan: Plan | None, n: int) -> int:
+    def _groups(self, plan: LayerPlan | None, n: int) -> int:
         """How many per-group records this layer gets (0: none)."""
         if plan is None or plan.selection is None:
             return 0
@@ -149,7 +149,7 @@ class Recorder:
         return g if g > 1 and n <= self.options.group_max_blocks else 0
 
     def _group_records(
-        self, rec: LayerRecord, plan: Plan, exact_g: torch.Tensor | None, real: torch.Tensor
+        self, rec: LayerRecord, plan: LayerPlan, exact_g: torch.Tensor | None, real: torch.Tensor
     ) -> None:
         n = rec.n_blocks
         sel = selection_mask(plan.selection, n)[0]  # [G, rows, n]
@@ -158,7 +158,7 @@ class Recorder:
         )
         w_all = _walk_scores(plan)
         for g in range(sel.shape[0]):
-            a = plan.a[0, g].float() if plan.a is not None else None
+            a = plan.estimate[0, g].float() if plan.estimate is not None else None
             w = w_all[0, g].float() if w_all is not None else None
             ex = None
             if exact_g is not None and exact_g.shape[0] == sel.shape[0]:
@@ -195,16 +195,16 @@ class Recorder:
         return qv.view(rows, block_size).sum(-1) > 0
 
 
-def _walk_scores(plan: Plan) -> torch.Tensor | None:
+def _walk_scores(plan: LayerPlan) -> torch.Tensor | None:
     """The walk scores a record shows: the run's own, or, where it did not walk, the
     counterfactual walk's (engine/pipeline.py WalkAlternative): every recorded run has them."""
     if plan.alternative is not None and plan.alternative.walk is not None:
         return plan.alternative.walk
-    return plan.w
+    return plan.walk_scores
 
 
 def walk_effect_of(
-    plan: Plan, n: int, exact_g: torch.Tensor | None, real: torch.Tensor
+    plan: LayerPlan, n: int, exact_g: torch.Tensor | None, real: torch.Tensor
 ) -> dict[str, float | int | bool | None]:
     """What the walk changes in one layer's selection (batch element 0, summed over groups):
     blocks the walk's selection keeps that A_l's alone would not (added) and the reverse

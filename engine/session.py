@@ -31,7 +31,7 @@ from .decode import (
 )
 from .dense import dense_attention, key_validity
 from .layer_profile import layer_densities
-from .pipeline import Plan, layer_exact, prefill_plan, sparse_attention
+from .pipeline import LayerPlan, layer_exact, prefill_plan, sparse_attention
 from .recorder import LayerStep, Recorder
 from .select import BlockSelection
 from .sketch import SRHT, make_srht
@@ -39,7 +39,7 @@ from .step import StepMeta
 from .threads import one_thread
 
 Exact = torch.Tensor | None  # a layer step's exact block mass, where it was computed
-Outcome = tuple[Plan | None, torch.Tensor, Duration]  # a layer step's plan, output and its ms
+Outcome = tuple[LayerPlan | None, torch.Tensor, Duration]  # a layer step's plan, output and its ms
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,36 @@ LayerHook = Callable[[str, int, int], None]
 
 
 @dataclass
+class PairCounts:
+    """Kept and causal block pairs of one phase, in the sparse layers and in all layers: ints,
+    or 0-dim tensors a selection counted on its device (summed there, read once by density)."""
+
+    kept: int | torch.Tensor = 0
+    candidates: int | torch.Tensor = 0
+    kept_all: int | torch.Tensor = 0
+    candidates_all: int | torch.Tensor = 0
+
+    def add(self, kept: int | torch.Tensor, cand: int | torch.Tensor, sparse: bool) -> None:
+        if sparse:
+            self.kept += kept
+            self.candidates += cand
+        self.kept_all += kept
+        self.candidates_all += cand
+
+    def density(self, sparse_only: bool = True) -> float | None:
+        """Kept over causal pairs, in the sparse layers only or in all layers."""
+        kept, cand = (
+            (self.kept, self.candidates) if sparse_only else (self.kept_all, self.candidates_all)
+        )
+        kept, cand = float(kept), float(cand)
+        return kept / cand if cand else None
+
+    def __iter__(self):
+        """(kept, candidates, kept_all, candidates_all): the tallies in a fixed order."""
+        return iter((self.kept, self.candidates, self.kept_all, self.candidates_all))
+
+
+@dataclass
 class Session:
     cfg: SketchWalkConfig
     recorder: Recorder | None = None
@@ -79,7 +109,7 @@ class Session:
     _ones: torch.Tensor | None = None  # the all-valid key mask of the current length
     meta: StepMeta | None = None  # what the current forward step's layers share (layer 0 builds)
     # kept (row, block) pairs and all causal pairs, per phase, over sparse layers / all layers
-    counts: dict[str, list] = field(default_factory=dict)
+    counts: dict[str, PairCounts] = field(default_factory=dict)  # per phase (density())
     # each sparse layer's density from the model's layer profile ({}: cfg.density everywhere);
     # None until the attention hook binds the model (bind_model)
     layer_density: dict[int, tuple[float, ...]] | None = None
@@ -133,23 +163,14 @@ class Session:
 
     def density(self, phase: str, sparse_only: bool = True) -> float | None:
         c = self.counts.get(phase)
-        if not c:
-            return None
-        kept, cand = (c[0], c[1]) if sparse_only else (c[2], c[3])
-        kept, cand = float(kept), float(cand)  # tensors on the device until read here
-        return kept / cand if cand else None
+        return None if c is None else c.density(sparse_only)
 
     def _count(
         self, phase: str, kept: int | torch.Tensor, cand: int | torch.Tensor, sparse: bool
     ) -> None:
-        """Tallies of kept and causal pairs: ints, or 0-dim tensors a selection counted on its
-        device (summed there, read once by density())."""
-        c = self.counts.setdefault("prefill" if phase == "chunk" else phase, [0, 0, 0, 0])
-        if sparse:
-            c[0] += kept
-            c[1] += cand
-        c[2] += kept
-        c[3] += cand
+        self.counts.setdefault("prefill" if phase == "chunk" else phase, PairCounts()).add(
+            kept, cand, sparse
+        )
 
     def _key_validity(
         self, mask: torch.Tensor | None, bsz: int, lk: int, device: torch.device
@@ -207,7 +228,7 @@ class Session:
             self.on_layer(phase, self.step, layer)
         call = LayerCall(phase, layer, q, k, v, mask, key_valid, scale)
         exact, exact_rec = self._exact(call)
-        plan: Plan | None
+        plan: LayerPlan | None
         if phase == "prefill":
             plan, out, ms = self._prefill(call, exact)
         elif phase == "decode" and layer in self.decode_states:
@@ -255,7 +276,7 @@ class Session:
             return chosen, chosen
         return chosen, layer_exact(q[:1], k[:1], kv[:1], scale, cfg, pool="mean")
 
-    def _observe(self, call: LayerCall, plan: Plan | None, exact: Exact, ms: Duration) -> None:
+    def _observe(self, call: LayerCall, plan: LayerPlan | None, exact: Exact, ms: Duration) -> None:
         """The recorder's one call site: what this layer step decided, read-only."""
         assert self.recorder is not None
         sparse = plan is not None and plan.selection is not None
@@ -289,7 +310,7 @@ class Session:
         cfg = self.cfg_for(call.layer)
         sparse = cfg.sparse_in("prefill") and not cfg.is_dense_layer(call.layer)
         for_decode = cfg.sparse_in("decode") and not cfg.is_dense_layer(call.layer)
-        plan: Plan | None = None
+        plan: LayerPlan | None = None
         if sparse or for_decode or (self.recorder is not None and cfg.method != "dense"):
             srht = self.srht(call.layer, call.q.shape[-1], call.q.device)
             plan = prefill_plan(
@@ -307,8 +328,8 @@ class Session:
                 prev_alt=self.walk_alt_prev,
             )
             self._time_stages(plan)
-            if plan.w is not None:
-                self.walk_prev = plan.w
+            if plan.walk_scores is not None:
+                self.walk_prev = plan.walk_scores
             if plan.alternative is not None and plan.alternative.walk is not None:
                 self.walk_alt_prev = plan.alternative.walk
             if for_decode:
@@ -339,7 +360,7 @@ class Session:
         self._time_stages(plan)
         if not sparse:
             return (None, *self._dense(call))
-        self.chunk_walk = plan.w
+        self.chunk_walk = plan.walk_scores
         pad = (lk - lq) % cfg.block_size
         aligned = replace(call, q=torch.nn.functional.pad(q, (0, 0, pad, 0)))
         out, ms = self._sparse(aligned, plan)
@@ -376,11 +397,11 @@ class Session:
         self._time_stages(plan)
         return (plan, *self._sparse(call, plan))
 
-    def _time_stages(self, plan: Plan) -> None:
+    def _time_stages(self, plan: LayerPlan) -> None:
         for stage, ms in plan.timings.items():
             self._time(stage, ms)
 
-    def _sparse(self, call: LayerCall, plan: Plan) -> tuple[torch.Tensor, Duration]:
+    def _sparse(self, call: LayerCall, plan: LayerPlan) -> tuple[torch.Tensor, Duration]:
         """The kept blocks through the kernel; returns the output and its time in ms."""
         sel = plan.selection
         assert sel is not None and self.meta is not None

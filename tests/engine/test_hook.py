@@ -229,5 +229,5 @@ def test_sampled_estimator_runs_prefill_decode_and_chunks():
 
     q, k = torch.randn(1, 6, 400, 16) * 3, torch.randn(1, 2, 400, 16)
     srht = make_srht(16, 16, 0, 0)
-    a = {e: prefill_plan(q, k, cfg.with_(estimator=e), srht).a for e in ("sampled", "query")}
+    a = {e: prefill_plan(q, k, cfg.with_(estimator=e), srht).estimate for e in ("sampled", "query")}
     assert not torch.allclose(a["sampled"], a["query"], atol=1e-3)  # really another estimate
