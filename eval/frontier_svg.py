@@ -28,7 +28,8 @@ SHORT = {
     "estimator": "",
     "sampled_depth": "depth ",
 }
-W, H, PAD = 720, 440, 60
+W, H, PAD = 620, 440, 60  # the plot; the legend of numbered points sits right of it
+LEGEND = 320
 
 
 def knob_label(config: dict[str, Any]) -> str:
@@ -53,15 +54,22 @@ def points(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float | No
             continue
         if r.get("selection_share") is None:
             continue
-        name = r["method"] if r["method"] != "sketchwalk" else knob_label(r["config"])
+        name = r.get("label") or (
+            r["method"] if r["method"] != "sketchwalk" else knob_label(r["config"])
+        )
         pts.append({"label": name, "share": float(r["selection_share"]), "kl": float(r["kl_mean"])})
     return pts, oracle
 
 
 def frontier_svg(
-    rows: list[dict[str, Any]], max_share: float = 0.10, max_kl_ratio: float = 1.1, title: str = ""
+    rows: list[dict[str, Any]],
+    max_share: float = 0.10,
+    max_kl_ratio: float = 1.1,
+    title: str = "",
+    x_label: str = "selection time / dense attention time",
 ) -> str:
-    """The picture of `rows` (frontier rows with selection_share) as an SVG document."""
+    """The picture of `rows` (frontier rows with selection_share) as an SVG document; x_label
+    names what selection_share holds (a timed share, or a counted one)."""
     pts, oracle = points(rows)
     if not pts:
         raise ValueError("no frontier rows with a KL and a selection share to draw")
@@ -70,10 +78,11 @@ def frontier_svg(
     sx = lambda v: PAD + (W - 2 * PAD) * v / xmax  # noqa: E731
     sy = lambda v: H - PAD - (H - 2 * PAD) * v / ymax  # noqa: E731
     out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W + LEGEND}" height="{H}" '
         'font-family="sans-serif" font-size="12">',
-        f'<rect width="{W}" height="{H}" fill="white"/>',
-        f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">{escape(title)}</text>',
+        f'<rect width="{W + LEGEND}" height="{H}" fill="white"/>',
+        f'<text x="{(W + LEGEND) / 2}" y="20" text-anchor="middle" font-size="14">'
+        f"{escape(title)}</text>",
     ]
     if oracle is not None:  # the target region, then the oracle's line
         top = oracle * max_kl_ratio
@@ -86,7 +95,7 @@ def frontier_svg(
             'stroke="#009E73" stroke-dasharray="4 3"/>'
         )
         out.append(
-            f'<text x="{sx(xmax) - 4}" y="{sy(oracle) - 4}" text-anchor="end" fill="#009E73">'
+            f'<text x="{sx(0) + 4}" y="{sy(oracle) + 14}" fill="#009E73">'
             f"exact-mass oracle KL {oracle:.4f}</text>"
         )
     out.append(  # axes
@@ -96,19 +105,21 @@ def frontier_svg(
         xv, yv = xmax * i / 5, ymax * i / 5
         out.append(f'<text x="{sx(xv)}" y="{sy(0) + 16}" text-anchor="middle">{xv:.0%}</text>')
         out.append(f'<text x="{sx(0) - 6}" y="{sy(yv) + 4}" text-anchor="end">{yv:.3f}</text>')
-    out.append(
-        f'<text x="{W / 2}" y="{H - 18}" text-anchor="middle">'
-        "selection time / dense attention time</text>"
-    )
+    out.append(f'<text x="{W / 2}" y="{H - 18}" text-anchor="middle">{escape(x_label)}</text>')
     out.append(
         f'<text x="16" y="{H / 2}" transform="rotate(-90 16 {H / 2})" text-anchor="middle">'
         "KL(dense || sparse)</text>"
     )
-    for p in sorted(pts, key=lambda p: p["share"]):
+    # points numbered by KL, named in the legend (labels in a dense cluster would collide)
+    for i, p in enumerate(sorted(pts, key=lambda p: (p["kl"], p["share"])), 1):
         x, y = sx(p["share"]), sy(p["kl"])
-        colour = "#D55E00" if p["label"] == "defaults" else "#0072B2"
+        colour = "#D55E00" if p["label"].startswith("defaults") else "#0072B2"
         out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{colour}"/>')
-        out.append(f'<text x="{x + 6:.1f}" y="{y - 6:.1f}">{escape(p["label"])}</text>')
+        out.append(f'<text x="{x + 5:.1f}" y="{y - 5:.1f}" font-size="10">{i}</text>')
+        out.append(
+            f'<text x="{W + 10}" y="{PAD + 16 * i}" fill="{colour}">{i}. {escape(p["label"])} '
+            f"({p['kl']:.4f}, {p['share']:.0%})</text>"
+        )
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -120,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--title", default="")
     p.add_argument("--max-share", type=float, default=0.10)
     p.add_argument("--max-kl-ratio", type=float, default=1.1)
+    p.add_argument("--x-label", default="selection time / dense attention time")
     args = p.parse_args(argv)
     rows: list[dict[str, Any]] = []
     try:
@@ -128,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
             if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
                 raise ValueError(f"{f}: not a list of frontier rows")
             rows.extend(data)
-        svg = frontier_svg(rows, args.max_share, args.max_kl_ratio, args.title)
+        svg = frontier_svg(rows, args.max_share, args.max_kl_ratio, args.title, args.x_label)
     except (OSError, ValueError, KeyError) as exc:
         p.exit(2, f"frontier_svg: error: {exc}\n")
     args.out.write_text(svg)

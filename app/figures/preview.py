@@ -119,16 +119,17 @@ def preview_basis(
     densities (the run's metrics `layer_densities`) the budgets."""
     from sketchwalk.engine.config import SketchWalkConfig
 
-    per_group = SketchWalkConfig.from_stored(config).per_group
+    cfg = SketchWalkConfig.from_stored({**config, "method": method})
+    per_group, walked = cfg.per_group, cfg.effective_beta > 0
     stored = _stored_densities(config, metrics, layer)
     if per_group and group_records:
-        scores = [method_scores(r, method) for r in group_records]
+        scores = [method_scores(r, method, walked) for r in group_records]
         if any(s is None for s in scores):
             return None
         g = len(scores)
         dens = stored if len(stored) == g else (sum(stored) / len(stored),) * g
         return PreviewBasis(np.stack([np.asarray(s, np.float32) for s in scores]), dens)
-    scores = method_scores(layer_record, method)
+    scores = method_scores(layer_record, method, walked)
     if scores is None:
         return None
     why = ""
@@ -165,10 +166,14 @@ def layer_target(
     return sum(values) / len(values)
 
 
-def method_scores(hm: dict[str, Any], method: str) -> np.ndarray | None:
+def method_scores(hm: dict[str, Any], method: str, walked: bool = True) -> np.ndarray | None:
     """The stored scores a method ranks blocks by (the registry's preview), None where a stored
-    record cannot reproduce them (methods scoring raw queries and keys)."""
+    record cannot reproduce them (methods scoring raw queries and keys). walked False: the run
+    selected with the walk off, so a walking method ranked A_l (the sketch estimate); a stored
+    walk is then the counterfactual's, shown but never selected on."""
     from sketchwalk.engine.methods import REGISTRY
 
     spec = REGISTRY.get(method)
-    return None if spec is None or spec.preview is None else spec.preview(hm)
+    if spec is None or spec.preview is None:
+        return None
+    return hm.get("sketch") if spec.walks and not walked else spec.preview(hm)

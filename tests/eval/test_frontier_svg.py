@@ -34,9 +34,10 @@ def test_points_sit_where_their_numbers_say_and_the_oracle_is_a_line():
     # more selection share: further right; more KL: higher up (smaller y)
     streaming, lean, defaults = by_x
     assert streaming[1] < lean[1] < defaults[1]
-    assert (
-        "exact-mass oracle KL 0.0440" in svg and ">defaults<" in svg and ">b32 q4 rank 24<" in svg
-    )
+    assert "exact-mass oracle KL 0.0440" in svg
+    # numbered by KL in the legend, each with its KL and share
+    assert "1. defaults (0.0450, 30%)" in svg and "2. b32 q4 rank 24 (0.0630, 18%)" in svg
+    assert "3. streaming (0.0990, 5%)" in svg
     assert "GPL-3 2k" in svg
 
 
