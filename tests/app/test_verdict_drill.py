@@ -66,15 +66,18 @@ def test_explore_opens_with_the_runs_verdict(app_env):
     )
 
 
-def test_a_run_without_the_walk_has_no_walk_views(app_env):
+def test_a_run_without_the_walk_shows_the_walks_counterfactual_only(app_env):
+    """Walk damping 0: the walk heatmap is the counterfactual walk's, titled as not used for
+    selection, with what it would change; no depth view (it follows the walk's selection)."""
     url, ids = app_env
     at = _page(new_app().run(), "explore", ids["nowalk"])
     assert "Walk score W_l" not in _charts(at)
-    assert any("walk is off in this run" in c.value for c in at.caption)
+    assert any(t.endswith("not used for selection") for t in _charts(at))
+    assert any("would keep +" in c.value for c in at.caption)
     assert "Depth view (the walk)" not in at.radio(key="ex_view").options
     at.radio(key="ex_view").set_value("Per-layer curves").run()
     names = {t["name"] for t in _charts(at)["Per layer"]["data"]}
-    assert "walk error (TV vs exact)" not in names and "mass recall" in names
+    assert "walk error (TV vs exact)" in names and "mass recall" in names
     # a walking run keeps them
     at.selectbox(key="explore_run").set_value(ids["sketchwalk"]).run()
     assert "Walk score W_l" in _charts(at)
