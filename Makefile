@@ -29,12 +29,12 @@ test: setup browser-deps
 	@if [ -z "$$SKETCHWALK_TEST_PG_URL" ] && pg="$$(.ci/postgres.sh)"; then eval "$$pg"; fi; \
 	$(PY) -m pytest -q
 
-# The quick loop for everyday work: lint and the fast tests (no real model, no browser, no
-# PostgreSQL, no Triton interpreter subprocess, no property-based or multi-process fault tests).
-# `make test` stays the full suite CI runs.
+# The quick loop for everyday work: lint and the fast tests (no model loaded from disk, no
+# worker, no page, no browser, no PostgreSQL, no Triton interpreter subprocess, no
+# property-based or multi-process fault tests). `make test` stays the full suite CI runs.
 check: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
-	SKETCHWALK_TEST_PG_URL= CI= $(PY) -m pytest -q -x -m "not slow and not browser and not interp and not heavy"
+	SKETCHWALK_TEST_PG_URL= CI= $(PY) -m pytest -q -x -m "not slow and not browser and not interp and not heavy and not model"
 
 # A PostgreSQL server on loopback for the server-database tests (Debian packages; needs root):
 #   eval "$$(.ci/postgres.sh)" && make test     (the tests read SKETCHWALK_TEST_PG_URL)

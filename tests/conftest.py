@@ -8,6 +8,19 @@ import pytest
 from pg_testdb import PG_ENV, fresh_schema, in_ci, pg_base_url
 
 
+# Fixtures that load a model from disk, run a worker or seed a store through one: a test that
+# takes any of them, and every AppTest (tests/app), is marked `model` and left out of the quick
+# loop (`make check`); `make test` runs everything.
+MODEL_FIXTURES = {"tiny_model", "tiny_model_dir", "models", "seeded", "app_env", "known_pair"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        in_app = "tests/app/" in str(item.path).replace(os.sep, "/")
+        if in_app or MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+
+
 def pytest_report_header(config):
     """Say up front whether the PostgreSQL variants run (they are required in CI)."""
     if pg_base_url():
