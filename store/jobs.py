@@ -227,6 +227,22 @@ class JobsMixin:
                 "its result was not saved"
             )
 
+    def check_claim(self, conn: Connection, job_id: str, claim: str) -> None:
+        """Inside the caller's transaction, without locking: JobLostError unless `claim` still
+        owns the running job. A save asks first so a lost job streams nothing; `fence_job` at
+        its end is what decides."""
+        j = schema.jobs
+        owned = conn.execute(
+            sa.select(j.c.id).where(
+                j.c.id == str(job_id), j.c.status == "running", j.c.claim == claim
+            )
+        ).first()
+        if owned is None:
+            raise JobLostError(
+                f"job {job_id} is no longer this worker's (recovered or re-queued meanwhile); "
+                "its result was not saved"
+            )
+
     def _update(
         self,
         job_id: str,

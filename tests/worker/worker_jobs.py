@@ -57,9 +57,12 @@ def freeze_in_save(worker, job) -> None:
     run_id = store.create_run({"prompt": job.id, "model": worker.name}, "running", job=fence)
     if job.attempts == 1:
         insert = store._insert
+        stopped: list[bool] = []
 
         def stop_inside(conn, table, data, key):
-            os.kill(os.getpid(), signal.SIGSTOP)  # frozen here until SIGCONT
+            if not stopped:  # once: revived, the save goes on
+                stopped.append(True)
+                os.kill(os.getpid(), signal.SIGSTOP)  # frozen here until SIGCONT
             insert(conn, table, data, key)
 
         store._insert = stop_inside
