@@ -28,6 +28,7 @@ from sketchwalk.store.errors import (
     SaveError,
     UnknownRunError,
 )
+from sketchwalk.store.jobs import name_save_session
 from sketchwalk.store.reads import require_run
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,7 @@ class RunsMixin:
         try:
             with self._begin() as conn:
                 if job is not None:
+                    name_save_session(conn, job[1])
                     self.check_claim(conn, job[0], job[1])  # type: ignore[attr-defined]
                 stored = _running_timings(conn, run_id)
                 merged = jsonio.dumps({**stored, **jsonio.loads(text)})
@@ -215,7 +217,8 @@ class RunsMixin:
                 fields,
             )
             with self._begin() as conn:
-                if job is not None:  # a job already lost streams nothing
+                if job is not None:  # named for recovery to end; a job already lost streams nothing
+                    name_save_session(conn, job[1])
                     self.check_claim(conn, job[0], job[1])  # type: ignore[attr-defined]
                 self._delete_rows(conn, run_id, keep_run=True)
                 key = {"run_id": run_id}
@@ -227,6 +230,11 @@ class RunsMixin:
         except JobLostError:
             raise
         except BaseException as exc:
+            if job is not None and self._lost(job):  # cut off after recovery took the job
+                raise JobLostError(
+                    f"job {job[0]} was recovered while its save ran (the save was cut off); "
+                    "its result was not saved"
+                ) from exc
             text = f"saving results failed: {type(exc).__name__}: {exc}".strip()
             text = text.splitlines()[0][:300] if text else "failed"
             try:
@@ -236,6 +244,18 @@ class RunsMixin:
             if isinstance(exc, OSError) or _is_driver_error(exc):
                 raise SaveError(f"{text}; nothing of the run was stored") from exc
             raise
+
+    def _lost(self, job: tuple[str, str]) -> bool:
+        """Whether the claim no longer owns its job (False when that cannot be read: the
+        database is gone, and the caller's own error says so)."""
+        try:
+            with self._connect() as conn:
+                self.check_claim(conn, job[0], job[1])  # type: ignore[attr-defined]
+        except JobLostError:
+            return True
+        except Exception:
+            return False
+        return False
 
     def _end_save(
         self,

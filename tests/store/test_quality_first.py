@@ -1,14 +1,18 @@
 """A run saved quality first: `save_quality` stores every row with the run still running, and
 `save_speed` merges the clean timings and ends run and job. Both are fenced by the job's claim
-(a lost job writes nothing)."""
+(a lost job writes nothing), and the save locks the job and run rows only at its very end, so a
+job can be recovered while its rows stream in (the save then writes nothing)."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
+import sqlalchemy as sa
 from store_fixtures import REQUEST, count_rows, make_result
 
+from sketchwalk.store import open_store
 from sketchwalk.store import schema as sch
 from sketchwalk.store.db import db_utcnow
 from sketchwalk.store.errors import InvalidResultError, JobLostError, UnknownRunError
@@ -103,3 +107,61 @@ def test_speed_is_refused_for_a_run_not_waiting_for_it(store):
     with pytest.raises(InvalidResultError, match="takes a dict"):
         store.save_speed(running, [1.0])  # type: ignore[arg-type]
     assert store.get_run(running)["status"] == "running"
+
+
+@pytest.mark.parametrize("write", ["save_result", "save_quality"])
+def test_a_job_recovered_while_its_rows_stream_in_gets_nothing(pg_url, write):
+    """PostgreSQL, two processes' worth of sessions: while a save streams its rows in, another
+    session's recovery finds the job's row unlocked (the save locks it only at its end) and
+    re-queues it; the save then writes nothing. (DuckDB and SQLite have one writer process.)"""
+    with open_store(pg_url) as saver, open_store(pg_url) as other:
+        fence, run_id = _started(saver)
+        _age_heartbeat(saver, fence[0])
+        real = type(saver)._insert
+        recovered: list[list[str]] = []
+
+        def recover_mid_stream(conn, table, data, key):
+            real(saver, conn, table, data, key)
+            if not recovered:  # from another session, bounded so a lock wait would show
+                box: list[list[str]] = []
+                t = threading.Thread(
+                    target=lambda: box.append(
+                        other.recover_jobs("silent", stale_after_s=60, max_attempts=3)
+                    )
+                )
+                t.start()
+                t.join(10)
+                recovered.append(box[0] if box else ["still waiting"])
+
+        saver._insert = recover_mid_stream  # type: ignore[method-assign]
+        with pytest.raises(JobLostError):
+            getattr(saver, write)(run_id, make_result(), job=fence)
+        job = other.get_job(fence[0])
+        with other.engine.connect() as conn:
+            stats = conn.execute(sa.select(sa.func.count()).select_from(sch.layer_stats)).scalar()
+    assert recovered == [[fence[0]]]  # the row was free: recovery did not wait
+    assert job.status == "queued" and job.claim is None and job.attempts == 1
+    assert stats == 0 and run_id not in other.run_ids()
+
+
+def test_recovery_ends_the_server_sessions_saving_under_the_claims_it_took(pg_url):
+    """A save's session is named after its claim; recovering that job ends it (the server would
+    never time out a session waiting for COPY data), and leaves every other session alone."""
+    from sketchwalk.store.jobs import name_save_session
+
+    with open_store(pg_url) as store:
+        lost, _ = _started(store, "w1")
+        kept, _ = _started(store, "w2")
+        _age_heartbeat(store, lost[0])
+        sessions = {}
+        for fence in (lost, kept):
+            conn = store.engine.connect()
+            conn.begin()
+            name_save_session(conn, fence[1])
+            sessions[fence] = conn
+        assert store.recover_jobs("silent", stale_after_s=60, max_attempts=3) == [lost[0]]
+        with pytest.raises(sa.exc.DBAPIError):
+            sessions[lost].execute(sa.text("SELECT 1"))
+        assert sessions[kept].execute(sa.text("SELECT 1")).scalar() == 1
+        for conn in sessions.values():
+            conn.close()
