@@ -206,16 +206,31 @@ def walk_item(metrics: dict[str, Any]) -> Item | None:
     return Item("walk", "Walk", value, note, level)
 
 
+TIMING_NOTE = "timing clean passes…"
+"""The speed items' note while a run's quality half is stored and its clean passes run."""
+
+
+def pending_speed(run: dict[str, Any]) -> tuple[str, str, str]:
+    """Value, note and level of a speed item without clean timings: the passes failed (the
+    run's one-line note), are still running (its quality half came first), or were never asked."""
+    failed = (run.get("timings") or {}).get(speed.CLEAN_FAILED)
+    if isinstance(failed, str) and failed:
+        return "–", failed, "warn"
+    if run.get("status") == "running":
+        return "…", TIMING_NOTE, "info"
+    return "–", "this run timed no clean pass", "info"
+
+
 def speed_items(run: dict[str, Any]) -> tuple[list[Item], list[str]]:
     """Prefill and decode speed of the clean pass (app/speed_numbers.py: the one reading every
     page shows), with its range, held against the ceiling (above it the difference is noise,
     and the verdict says so)."""
     t = run.get("timings") or {}
     if not speed.has_clean(t):
-        note = "this run timed no clean pass"
+        value, note, level = pending_speed(run)
         return [
-            Item("prefill", "Prefill speed", "–", note),
-            Item("decode", "Decode speed", "–", note),
+            Item("prefill", "Prefill speed", value, note, level),
+            Item("decode", "Decode speed", value, note, level),
         ], []
     items, warnings = [], []
     for phase, label in (("prefill", "Prefill speed"), ("decode", "Decode speed")):

@@ -174,7 +174,9 @@ def summarize(result, run_id: str | None, time_only: bool = False) -> dict:
         "sparse_text": result.sparse_text,
         "speed": speed_summary(result.timings, time_only, _density(m)),
         "layer_records": len(result.layers),
-        "timings": {k: round(v, 3) for k, v in result.timings.items()},
+        "timings": {  # numbers rounded; a note (clean_failed) as it is
+            k: round(v, 3) if isinstance(v, float) else v for k, v in result.timings.items()
+        },
     }
 
 

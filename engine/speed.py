@@ -18,6 +18,10 @@ from typing import Any
 
 Timings = Mapping[str, Any]
 
+CLEAN_FAILED = "clean_failed"
+"""The timings key of a run whose clean passes failed: one line saying why (a text, not a
+number; the run is done with its quality half)."""
+
 
 @dataclass(frozen=True)
 class Pair:
@@ -262,6 +266,8 @@ def lines(t: Timings, time_only: bool = False, density: float | None = None) -> 
     clean = clean_pairs(t)
     if clean:
         out.append("speed, clean pass (dense -> sparse): " + "; ".join(map(fmt, clean)))
+    elif isinstance(t.get(CLEAN_FAILED), str):
+        out.append(f"speed: {t[CLEAN_FAILED]} (the times below include the recorder's work)")
     else:
         out.append("speed: no clean-pass timings in this run (the times below include its work)")
     own = "time-only pass (no recorder)" if time_only else "recorded pass"

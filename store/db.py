@@ -113,9 +113,9 @@ def create_engine(where: target.Target) -> Engine:
 
 def _bounded_waits(dbapi_conn: object, record: object) -> None:
     """Every server session waits at most SKETCHWALK_DB_LOCK_TIMEOUT_S for a lock, and the
-    server ends a session idle inside a transaction for SKETCHWALK_DB_IDLE_TX_S (a frozen
-    worker's locks are released and its job is recovered) or a statement running longer than
-    SKETCHWALK_DB_STATEMENT_S."""
+    server ends a session idle inside a transaction for SKETCHWALK_DB_IDLE_TX_S or a statement
+    running longer than SKETCHWALK_DB_STATEMENT_S. (A session waiting for COPY data gets
+    neither: a frozen worker's save is ended by the recovery of its job, store/jobs.py.)"""
     from sketchwalk.settings import load
 
     s = load()

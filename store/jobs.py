@@ -227,6 +227,22 @@ class JobsMixin:
                 "its result was not saved"
             )
 
+    def check_claim(self, conn: Connection, job_id: str, claim: str) -> None:
+        """Inside the caller's transaction, without locking: JobLostError unless `claim` still
+        owns the running job. A save asks first so a lost job streams nothing; `fence_job` at
+        its end is what decides."""
+        j = schema.jobs
+        owned = conn.execute(
+            sa.select(j.c.id).where(
+                j.c.id == str(job_id), j.c.status == "running", j.c.claim == claim
+            )
+        ).first()
+        if owned is None:
+            raise JobLostError(
+                f"job {job_id} is no longer this worker's (recovered or re-queued meanwhile); "
+                "its result was not saved"
+            )
+
     def _update(
         self,
         job_id: str,
@@ -297,13 +313,14 @@ class JobsMixin:
             if stale_after_s is not None:
                 cutoff = now - timedelta(seconds=float(stale_after_s))
                 cond.append(sa.or_(j.c.heartbeat_at.is_(None), j.c.heartbeat_at < cutoff))
-            pick = sa.select(j.c.id, j.c.run_id, j.c.attempts).where(*cond)
+            pick = sa.select(j.c.id, j.c.run_id, j.c.attempts, j.c.claim).where(*cond)
             if conn.dialect.name == "postgresql":
                 pick = pick.with_for_update(skip_locked=True)
             rows = conn.execute(pick).all()
             if not rows:
                 return []
             runs_of = {row[0]: row[1] for row in rows}
+            claims_of = {row[0]: row[3] for row in rows}
             retry = [
                 row[0] for row in rows if max_attempts is not None and (row[2] or 0) < max_attempts
             ]
@@ -335,16 +352,40 @@ class JobsMixin:
                     ).scalars()
                 )
                 _fail_unfinished_runs(conn, [runs_of[i] for i in failed], reason + tries, now)
+        self._cut_off_saves([claims_of[i] for i in requeued + failed])
         return requeued + failed
+
+    def _cut_off_saves(self, claims: list[str | None]) -> None:
+        """End the server sessions still saving under claims just taken back (a worker frozen
+        mid-COPY, where the server applies no statement or idle timeout): their saves can only
+        fail their fence now, and ended, they hold no snapshot or connection. PostgreSQL only
+        (embedded databases have one process); a role not allowed to signal them is logged."""
+        names = [save_session_name(c) for c in claims if c]
+        if not names or self.engine.dialect.name != "postgresql":
+            return
+        try:
+            with self._begin() as conn:
+                ended = conn.execute(
+                    sa.text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                        "WHERE application_name = ANY(:names) AND pid <> pg_backend_pid()"
+                    ),
+                    {"names": names},
+                ).scalar()
+        except sa.exc.DBAPIError as exc:
+            log.warning("could not end the sessions of recovered saves: %s", exc.orig or exc)
+            return
+        if ended:
+            log.warning("ended %d server session(s) still saving a recovered job", ended)
 
     def recover_runs(self, reason: str, stale_after_s: float | None = None) -> list[str]:
         """Fail runs left 'running' by a process that died: every one (a DuckDB file this
         process holds has no other writer), or, on a shared database, those whose heartbeat
         (`updated_at`, database clock) is older than `stale_after_s`. The UPDATE re-checks.
 
-        On PostgreSQL the rows are taken with SKIP LOCKED: a run whose row a live (or frozen)
-        process holds inside its save is left to that save, or to the server's idle-transaction
-        timeout, instead of making this caller (`sketchwalk runs`, the app, a worker) wait."""
+        On PostgreSQL the rows are taken with SKIP LOCKED: a run whose row a process holds in
+        its save's last statements is left to that save, instead of making this caller
+        (`sketchwalk runs`, the app, a worker) wait."""
         r = schema.runs
         with self._begin() as conn:
             now = db_utcnow(conn)
@@ -377,6 +418,22 @@ class JobsMixin:
                 .returning(r.c.id)
             ).scalar()
         return hit is not None
+
+
+def save_session_name(claim: str) -> str:
+    """The application_name a save under `claim` gives its server session (within
+    PostgreSQL's 63 characters), so recovery can find and end it."""
+    return f"sketchwalk save {claim}"
+
+
+def name_save_session(conn: Connection, claim: str) -> None:
+    """For this transaction only, name the server session after the claim it saves under
+    (PostgreSQL; nothing elsewhere)."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            sa.text("SELECT set_config('application_name', :name, true)"),
+            {"name": save_session_name(claim)},
+        )
 
 
 def _requeued(message: str) -> dict[str, Any]:

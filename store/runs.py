@@ -1,7 +1,9 @@
 """Run writes: create, track status, save a RunResult in one transaction, delete.
 
 The save is all or nothing (one transaction over every table), and a failed save still leaves
-the run row saying why, so the app never shows a half-written run as if it were complete.
+the run row saying why, so the app never shows a half-written run as if it were complete. A run
+that shows its quality first is saved in two such transactions: every row with the run still
+'running' (`save_quality`), then the clean timings merged in and the run done (`save_speed`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,23 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from sketchwalk.engine.records import RunResult
+from sketchwalk.engine.speed import CLEAN_FAILED
 from sketchwalk.store import frames, jsonio, schema
 from sketchwalk.store.bulk import insert_arrow
 from sketchwalk.store.db import db_clock, db_utcnow, utcnow
-from sketchwalk.store.errors import InvalidResultError, JobLostError, SaveError
+from sketchwalk.store.errors import (
+    InvalidResultError,
+    JobLostError,
+    SaveError,
+    UnknownRunError,
+)
+from sketchwalk.store.jobs import name_save_session
 from sketchwalk.store.reads import require_run
 
 log = logging.getLogger(__name__)
+
+SPEED_PENDING = "quality saved; timing clean passes"
+"""The job's message between a run's quality half and its speed half."""
 
 
 class RunsMixin:
@@ -127,6 +139,67 @@ class RunsMixin:
         the claim still owns it; otherwise JobLostError and nothing is written (the run keeps
         the state whoever recovered the job gave it).
         """
+        self._save_rows(run_id, result, job, _finished_job(run_id), status="done")
+
+    def save_quality(
+        self,
+        run_id: str,
+        result: RunResult,
+        job: tuple[str, str] | None = None,
+        progress: float = 0.5,
+        message: str = SPEED_PENDING,
+    ) -> None:
+        """The quality half of a run whose clean passes come next: every row of `result`, as
+        `save_result` writes them (one transaction, fenced, a failure marks the run failed), but
+        the run stays 'running' and its job says `message`, so the app can show the verdict's
+        quality half while the speed half is measured. `save_speed` ends the run."""
+        values = {"progress": progress, "message": message, "run_id": run_id}
+        self._save_rows(run_id, result, job, values, status="running")
+
+    def save_speed(
+        self,
+        run_id: str,
+        timings: dict[str, Any],
+        job: tuple[str, str] | None = None,
+        failed: str | None = None,
+    ) -> None:
+        """The speed half after `save_quality`: merge `timings` (the clean passes' keys) into the
+        run's stored timings and mark the run and its job done, in one short transaction fenced
+        like the save (a lost claim writes nothing: JobLostError). `failed`: the one line saying
+        why the clean passes did not run; kept as the timings' `clean_failed` note, the run
+        still done (its quality half is whole). Only a 'running' run takes it."""
+        if not isinstance(timings, dict):
+            raise InvalidResultError(f"save_speed takes a dict, not {type(timings).__name__}")
+        extra = {**timings, **({CLEAN_FAILED: failed} if failed else {})}
+        text = jsonio.dumps(extra)  # values JSON cannot hold are refused before any write
+        try:
+            with self._begin() as conn:
+                if job is not None:
+                    name_save_session(conn, job[1])
+                    self.check_claim(conn, job[0], job[1])  # type: ignore[attr-defined]
+                stored = _running_timings(conn, run_id)
+                merged = jsonio.dumps({**stored, **jsonio.loads(text)})
+                self._end_save(
+                    conn, run_id, {"timings": merged, "status": "done"}, job, _finished_job(run_id)
+                )
+        except Exception as exc:
+            if not _is_driver_error(exc):
+                raise
+            line = _first_line(getattr(exc, "orig", None) or exc)
+            raise SaveError(f"saving the clean timings failed: {line}") from exc
+
+    def _save_rows(
+        self,
+        run_id: str,
+        result: RunResult,
+        job: tuple[str, str] | None,
+        job_values: dict[str, Any],
+        status: str,
+    ) -> None:
+        """Every row of `result` in one transaction; the run ends in `status`, the job (fenced)
+        takes `job_values`. The job and run rows are written last (`_end_save`): the bulk rows
+        stream in before any row another process waits on is locked, so a writer frozen
+        mid-COPY holds neither and heartbeat recovery can take its job back."""
         with self._connect() as conn:
             require_run(conn, run_id)
         try:
@@ -144,39 +217,24 @@ class RunsMixin:
                 fields,
             )
             with self._begin() as conn:
-                now = db_utcnow(conn)
-                if job is not None:
-                    self.fence_job(  # type: ignore[attr-defined]  # JobsMixin  # first: a lost job writes nothing at all
-                        conn,
-                        job[0],
-                        job[1],
-                        {
-                            "status": "done",
-                            "progress": 1.0,
-                            "message": "done",
-                            "run_id": run_id,
-                            "error": None,
-                            "finished_at": now,
-                            "heartbeat_at": now,
-                        },
-                    )
-                # the run row next: held from here to the commit, so recovery (SKIP LOCKED)
-                # leaves a run being saved alone; the server's timeouts bound how long
-                conn.execute(
-                    schema.runs.update()
-                    .where(schema.runs.c.id == run_id)
-                    .values(**fields, status="done", error=None, updated_at=now, finished_at=now)
-                )
+                if job is not None:  # named for recovery to end; a job already lost streams nothing
+                    name_save_session(conn, job[1])
+                    self.check_claim(conn, job[0], job[1])  # type: ignore[attr-defined]
                 self._delete_rows(conn, run_id, keep_run=True)
                 key = {"run_id": run_id}
                 self._insert(conn, schema.layer_stats, stats, key)
                 self._insert(conn, schema.block_scores, scores, key)
                 self._insert(conn, schema.blocks, spans, key)
                 self._insert(conn, schema.tokens, toks, key)
-                _stamp_finished(conn, run_id, job[0] if job is not None else None)
+                self._end_save(conn, run_id, {**fields, "status": status}, job, job_values)
         except JobLostError:
             raise
         except BaseException as exc:
+            if job is not None and self._lost(job):  # cut off after recovery took the job
+                raise JobLostError(
+                    f"job {job[0]} was recovered while its save ran (the save was cut off); "
+                    "its result was not saved"
+                ) from exc
             text = f"saving results failed: {type(exc).__name__}: {exc}".strip()
             text = text.splitlines()[0][:300] if text else "failed"
             try:
@@ -186,6 +244,47 @@ class RunsMixin:
             if isinstance(exc, OSError) or _is_driver_error(exc):
                 raise SaveError(f"{text}; nothing of the run was stored") from exc
             raise
+
+    def _lost(self, job: tuple[str, str]) -> bool:
+        """Whether the claim no longer owns its job (False when that cannot be read: the
+        database is gone, and the caller's own error says so)."""
+        try:
+            with self._connect() as conn:
+                self.check_claim(conn, job[0], job[1])  # type: ignore[attr-defined]
+        except JobLostError:
+            return True
+        except Exception:
+            return False
+        return False
+
+    def _end_save(
+        self,
+        conn: Connection,
+        run_id: str,
+        run_values: dict[str, Any],
+        job: tuple[str, str] | None,
+        job_values: dict[str, Any],
+    ) -> None:
+        """A save's last statements, just before its commit: the job (fenced: JobLostError rolls
+        everything back) and then the run row, stamped with the database's clock now, not the
+        transaction's start (a long COPY lies between). These are the save's only row locks on
+        `jobs` and `runs`, held for these few statements."""
+        now = db_clock(conn)
+        done = run_values.get("status") == "done"
+        if job is not None:
+            values = {**job_values, "heartbeat_at": now}
+            if job_values.get("status") == "done":
+                values["finished_at"] = now
+            self.fence_job(conn, job[0], job[1], values)  # type: ignore[attr-defined]  # JobsMixin
+        r = schema.runs
+        hit = conn.execute(
+            r.update()
+            .where(r.c.id == run_id)
+            .values(**run_values, error=None, updated_at=now, finished_at=now if done else None)
+            .returning(r.c.id)
+        ).scalar()
+        if hit is None:  # deleted while its rows streamed in: keep none of them
+            raise UnknownRunError(f"run {run_id} was deleted while it was being saved")
 
     def _insert(self, conn: Connection, table: sa.Table, data: pa.Table, key: dict) -> None:
         """One bulk insert; a seam tests use to fail a write half way."""
@@ -224,21 +323,22 @@ class RunsMixin:
             conn.execute(table.delete().where(schema.run_key(table) == run_id))
 
 
-def _stamp_finished(conn: Connection, run_id: str, job_id: str | None) -> None:
-    """The save's last statements: the run's (and its job's) finish time is when the rows are
-    in, just before the commit, not when the transaction began (a long COPY lies between)."""
-    done_at = db_clock(conn)
-    conn.execute(
-        schema.runs.update()
-        .where(schema.runs.c.id == run_id)
-        .values(updated_at=done_at, finished_at=done_at)
-    )
-    if job_id is not None:
-        conn.execute(
-            schema.jobs.update()
-            .where(schema.jobs.c.id == job_id)
-            .values(finished_at=done_at, heartbeat_at=done_at)
-        )
+def _finished_job(run_id: str) -> dict[str, Any]:
+    """A job's columns when its run's save ends it."""
+    return {"status": "done", "progress": 1.0, "message": "done", "run_id": run_id, "error": None}
+
+
+def _running_timings(conn: Connection, run_id: str) -> dict[str, Any]:
+    """The stored timings of a run waiting for its speed half (UnknownRunError when there is no
+    such run; InvalidResultError when it is not 'running': done, failed or recovered)."""
+    r = schema.runs
+    row = conn.execute(sa.select(r.c.status, r.c.timings).where(r.c.id == run_id)).first()
+    if row is None:
+        raise UnknownRunError(f"no run with id {run_id!r} in this store (see `sketchwalk runs`)")
+    if row[0] != "running":
+        raise InvalidResultError(f"run {run_id} is {row[0]}, not waiting for its clean timings")
+    stored = jsonio.lenient(row[1])
+    return stored if isinstance(stored, dict) else {}
 
 
 def _first_line(exc: BaseException) -> str:

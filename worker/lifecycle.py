@@ -3,8 +3,10 @@
 The CLI's `sketchwalk run`, the app's in-process worker and standalone workers all go through
 `execute`, so a run ends the same way wherever it started: every check that can refuse the
 request happens before the first row is written; once the run row exists it carries a heartbeat
-(on shared databases) and ends either `done` with all its rows (one transaction) or `failed` with
-one line saying why, including "interrupted" when a signal stopped it. A run that belongs to a
+(on shared databases) and ends either `done` with all its rows or `failed` with one line saying
+why, including "interrupted" when a signal stopped it. A run without clean timing is saved in one
+transaction; one with clean timing shows its quality first: all its rows in one transaction
+while it is still running, then its clean timings in a second, which ends it. A run that belongs to a
 job also moves the job, through the job's claim, so a worker that lost its job writes nothing.
 """
 
@@ -136,8 +138,12 @@ def execute(
                 store.update_job(job.job_id, 0.0, "starting", run_id=run_id)
         from sketchwalk.engine.runner import run
 
+        opts = request.run_options()
         with _run_heartbeat(store, run_id, heartbeat_s):
-            result = run(lm, request.prompt, request.config, request.run_options(), progress)
+            if store is not None and opts.clean_timing:
+                result = _quality_then_speed(lm, request, store, run_id, job, fence, progress)
+                return Outcome(run_id, result)
+            result = run(lm, request.prompt, request.config, opts, progress)
             if store is not None:
                 progress(1.0, "saving results")
                 retrying(lambda: store.save_result(run_id, result, job=fence), "save the run")
@@ -150,6 +156,74 @@ def execute(
         with shielded():
             _record_failure(store, run_id, job, failure_text(exc))
         raise
+
+
+def quality_share(repeats: int) -> float:
+    """The part of a run's progress its quality half takes: the clean passes (prefill and
+    decode, dense and sparse, each about half a recorded pass) take the rest."""
+    return 2 / (2 + max(1, repeats))
+
+
+def _quality_then_speed(
+    lm: Any,
+    request: RunRequest,
+    store: Any,
+    run_id: str,
+    job: JobClaim | None,
+    fence: tuple[str, str] | None,
+    progress: Progress,
+) -> Any:
+    """A run with clean timing, quality first: the recorded run is stored at once (run still
+    'running', its job saying the clean passes are under way), then the clean passes run and a
+    second fenced write merges their timings and ends run and job. Clean passes that fail leave
+    the run done with its quality half and a one-line `clean_failed` timings note: what was
+    measured is whole, only the speed half is missing."""
+    from sketchwalk.engine.runner import run, speed_timings
+    from sketchwalk.store.runs import SPEED_PENDING
+
+    opts = request.run_options()
+    share = quality_share(opts.clean_repeats)
+    result = run(
+        lm, request.prompt, request.config, opts, lambda f, m: progress(f * share, m), speed=False
+    )
+    progress(share, "saving the quality half")
+    retrying(
+        lambda: store.save_quality(run_id, result, job=fence, progress=share),
+        "save the quality half",
+    )
+    if job is not None and fence is None:
+        store.update_job(job.job_id, share, SPEED_PENDING, run_id=run_id)
+    failed = None
+    try:
+        more = speed_timings(
+            lm,
+            request.prompt,
+            request.config,
+            opts,
+            result.timings,
+            lambda f, m: progress(share + (1 - share) * f, m),
+        )
+    except Exception as exc:
+        if _is_lost(exc):
+            raise
+        why = (
+            first_line(exc)
+            if isinstance(exc, SketchWalkError)
+            else f"{type(exc).__name__}: {first_line(exc)}"
+        )
+        more, failed = {}, f"the clean timing passes failed: {why}"
+        log.warning("run %s: %s", run_id, failed)
+    retrying(
+        lambda: store.save_speed(run_id, more, job=fence, failed=failed), "save the clean timings"
+    )
+    if job is not None and fence is None:
+        store.finish_job(job.job_id, run_id=run_id)
+    result.timings.update(more)
+    if failed:
+        from sketchwalk.engine.speed import CLEAN_FAILED
+
+        result.timings[CLEAN_FAILED] = failed
+    return result
 
 
 def failure_text(exc: BaseException) -> str:

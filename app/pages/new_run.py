@@ -10,6 +10,7 @@ from sketchwalk.app.verdict import FAR_ABS, FAR_RATIO, density_floor
 from sketchwalk.engine.config import PRESETS, ConfigError, presets_help
 from sketchwalk.engine.request import Limits, RequestError, RunRequest
 from sketchwalk.errors import SketchWalkError
+from sketchwalk.store.errors import StoreError
 from sketchwalk.text import plain_markdown
 from sketchwalk.worker.loop import make_request
 
@@ -238,18 +239,45 @@ def _active(jobs) -> bool:
     return any(j.status in ("queued", "running") for j in jobs)
 
 
+def _quality_half(job) -> dict | None:
+    """The run of a running job once its quality half is stored (the clean passes still
+    running), read fresh on every poll: its speed half is yet to come. None before that."""
+    if job.status != "running" or not job.run_id:
+        return None
+    try:
+        run = store.get_run(job.run_id)
+    except StoreError:  # recovered and dropped meanwhile
+        return None
+    return run if run.get("status") == "running" and run.get("metrics") else None
+
+
+def _newest_verdict(jobs) -> tuple[str | None, dict | None]:
+    """The newest job with a verdict to show: a done run, or a running one whose quality half is
+    stored (returned with it, fresh)."""
+    for job in jobs:
+        if job.status == "done" and job.run_id:
+            return job.id, None
+        live = _quality_half(job)
+        if live is not None:
+            return job.id, live
+    return None, None
+
+
 def _jobs_panel() -> None:
     jobs = [store.get_job(j) for j in reversed(my_jobs)]
     queued = [j.id for j in reversed(store.list_jobs("queued"))]  # oldest first
-    newest_done = next((j.id for j in jobs if j.status == "done" and j.run_id), None)
+    shown, live = _newest_verdict(jobs)
     for job in jobs[:5]:
         pos = queued.index(job.id) if job.id in queued else None
         widgets.show_job(job, pos)
-        if job.id == newest_done:  # the run summary: its verdict, where Run leads
+        if job.id == shown and live is not None:  # quality first, speed items still timing
+            widgets.verdict_panel(live, store.layer_stats(job.run_id), "nr")
+        elif job.id == shown:  # the run summary: its verdict, where Run leads
             url = widgets.db_url()
-            widgets.verdict_panel(
-                widgets.run_meta(url, job.run_id), widgets.layer_stats(url, job.run_id), "nr"
-            )
+            meta = widgets.run_meta(url, job.run_id)
+            if meta.get("status") != "done":  # cached while it ran: its speed half came since
+                meta = store.get_run(job.run_id)
+            widgets.verdict_panel(meta, widgets.layer_stats(url, job.run_id), "nr")
         if (
             job.status == "done"
             and job.run_id

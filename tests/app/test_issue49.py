@@ -262,3 +262,43 @@ def test_small_words_three_clean_passes_no_backticks_block_size_in_labels(fresh,
     assert widgets.run_label({**row, "config": {"density": 0.2, "block_size": 16}}) != (
         widgets.run_label({**row, "config": {"density": 0.2, "block_size": 64}})
     )
+
+
+def test_new_run_shows_the_quality_half_while_the_clean_passes_run(fresh):
+    """A job whose run has its quality half stored (still running): New run shows the verdict's
+    quality items and "timing clean passes…" for speed; once the speed half is written, the
+    clean speed-up takes its place."""
+    import dataclasses
+
+    from known_runs import known_result
+
+    from sketchwalk.app.widgets import JOBS_KEY
+
+    res = known_result()
+    res.metrics = {"kl_mean": 0.01, "top1_agreement": 0.97, "density_achieved": 0.25}
+    res.layers = [dataclasses.replace(r, mass_recall=0.9) for r in res.layers]
+    with open_store(fresh) as store:
+        job_id = store.enqueue_job({"prompt": res.prompt})
+        fence = (job_id, store.claim_job("w").claim)
+        rid = store.create_run({"prompt": res.prompt, "config": res.config}, "running", fence)
+        store.save_quality(rid, res, job=fence, progress=0.4)
+    at = new_app()
+    at.session_state[JOBS_KEY] = [job_id]
+    _page(at.run(), "new_run")
+    shown = {m.label.split(" :")[0]: m.value for m in at.metric}
+    assert shown["KL to dense"] == "0.0100" and shown["Top-1 agreement"] == "97.0%"
+    assert shown["Achieved density"] == "0.25" and shown["Attention mass kept"] == "90.0%"
+    assert shown["Prefill speed"] == shown["Decode speed"] == "…"
+    notes = [c.value for c in at.caption]
+    assert notes.count("timing clean passes…") == 2
+    assert not any("timed no clean pass" in n for n in notes)
+    assert any("quality saved; timing clean passes" in p.proto.text for p in at.get("progress"))
+
+    t = _timed(((1000.0, 800.0), (1000.0, 800.0), (1000.0, 800.0)))
+    with open_store(fresh) as store:
+        store.save_speed(rid, t, job=fence)
+    at.run()
+    assert not at.exception, at.exception
+    shown = {m.label.split(" :")[0]: m.value for m in at.metric}
+    assert shown["KL to dense"] == "0.0100" and shown["Prefill speed"].startswith("1.25×")
+    assert not any("timing clean passes" in c.value for c in at.caption)

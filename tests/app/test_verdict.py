@@ -181,3 +181,24 @@ def test_the_walk_item_says_what_the_walk_changes_and_whether_it_selected():
     assert v.walk_item({}) is None and v.walk_item({"walk_effect": None}) is None
     run = {"metrics": {"walk_effect": off}, "config": {}, "prompt": "x"}
     assert v.verdict(run).item("walk") is not None
+
+
+@pytest.mark.parametrize(
+    ("changes", "value", "note", "level"),
+    [
+        ({"status": "running"}, "…", "timing clean passes…", "info"),
+        ({"status": "done"}, "–", "this run timed no clean pass", "info"),
+        (
+            {"status": "done", "timings": {"clean_failed": "the clean timing passes failed: X"}},
+            "–",
+            "the clean timing passes failed: X",
+            "warn",
+        ),
+    ],
+)
+def test_speed_items_without_clean_passes_say_why(changes, value, note, level):
+    out = v.verdict(_run(**changes))
+    for key in ("prefill", "decode"):
+        item = out.item(key)
+        assert (item.value, item.note, item.level) == (value, note, level)
+    assert out.item("kl").value == "0.0120"  # the quality half is there either way

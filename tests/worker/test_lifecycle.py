@@ -85,21 +85,27 @@ def test_state_writes_are_retried_through_a_short_outage(monkeypatch):
         retrying(broken, "test")
 
 
+@pytest.mark.parametrize(
+    ("write", "clean_timing"),
+    [("save_result", False), ("save_quality", True), ("save_speed", True)],
+)
 def test_a_save_that_meets_an_outage_is_saved_once_it_is_over(
-    store, tiny_model, models, monkeypatch
+    store, tiny_model, models, monkeypatch, write, clean_timing
 ):
     monkeypatch.setattr(lifecycle.time, "sleep", lambda s: None)
     claim = _claimed(store)
-    real = type(store).save_result
+    real = getattr(type(store), write)
     failures = []
 
-    def flaky_save(self, run_id, result, job=None):
+    def flaky(self, *args, **kwargs):
         if not failures:
             failures.append(1)
             raise sa.exc.OperationalError("COMMIT", {}, Exception("terminating connection"))
-        return real(self, run_id, result, job=job)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(type(store), "save_result", flaky_save)
-    out = execute(_request(), store, lambda m, d: models.get(tiny_model, d, "cpu"), job=claim)
+    monkeypatch.setattr(type(store), write, flaky)
+    request = _request(clean_timing=clean_timing)
+    out = execute(request, store, lambda m, d: models.get(tiny_model, d, "cpu"), job=claim)
     assert failures and store.get_run(out.run_id)["status"] == "done"
     assert store.get_job(claim.job_id).status == "done"
+    assert ("clean_sparse_prefill_ms" in store.get_run(out.run_id)["timings"]) is clean_timing

@@ -378,3 +378,56 @@ def test_a_new_job_kind_is_one_function_and_one_registry_line(store, monkeypatch
     refused = store.get_job(unknown)
     assert refused.status == "failed" and "unknown job kind 'frobnicate'" in refused.error
     assert "echo" in refused.error and "eval" in refused.error and "\n" not in refused.error
+
+
+def test_a_run_job_stores_its_quality_half_before_its_clean_passes(
+    store, tiny_model, models, monkeypatch
+):
+    """The first write: metrics, layer stats, run still running, the job saying the clean passes
+    are under way; the second: clean timings merged in, run and job done."""
+    import sketchwalk.engine.runner as runner
+    from sketchwalk.store.runs import SPEED_PENDING
+
+    real = runner.speed_timings
+    seen: dict = {}
+
+    def after_the_first_write(lm, prompt, cfg, opts, recorded, progress=None):
+        (job,) = store.list_jobs()
+        seen.update(job=job, run=store.get_run(job.run_id), stats=store.layer_stats(job.run_id))
+        return real(lm, prompt, cfg, opts, recorded, progress)
+
+    monkeypatch.setattr(runner, "speed_timings", after_the_first_write)
+    job_id = store.enqueue_job(make_request(TEXT, tiny_config(), tiny_model, 2))
+    Worker(store, models=models).drain()
+    first, job = seen["run"], seen["job"]
+    assert first["status"] == "running" and first["metrics"]["kl_mean"] is not None
+    assert not seen["stats"].empty and first["timings"]["sparse_prefill_ms"] > 0
+    assert not any(k.startswith("clean_") for k in first["timings"])
+    assert (job.status, job.message) == ("running", SPEED_PENDING) and 0 < job.progress < 1
+    done, finished = store.get_run(first["id"]), store.get_job(job_id)
+    assert done["status"] == "done" and done["timings"]["clean_sparse_prefill_ms"] > 0
+    assert done["timings"]["sparse_prefill_ms"] == first["timings"]["sparse_prefill_ms"]
+    assert "recording_overhead_prefill_ms" in done["timings"]
+    assert (finished.status, finished.progress, finished.error) == ("done", 1.0, None)
+    assert len(store.layer_stats(first["id"])) == len(seen["stats"])
+
+
+def test_failed_clean_passes_keep_the_quality_half_and_say_so(
+    store, tiny_model, models, monkeypatch
+):
+    import sketchwalk.engine.runner as runner
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory\nsecond line")
+
+    monkeypatch.setattr(runner, "speed_timings", broken)
+    job_id = store.enqueue_job(make_request(TEXT, tiny_config(), tiny_model, 2))
+    Worker(store, models=models).drain()
+    job = store.get_job(job_id)
+    run = store.get_run(job.run_id)
+    assert job.status == "done" and job.error is None
+    assert run["status"] == "done" and run["metrics"]["kl_mean"] is not None
+    assert run["timings"]["clean_failed"] == (
+        "the clean timing passes failed: RuntimeError: out of memory"
+    )
+    assert not store.layer_stats(job.run_id).empty

@@ -1,6 +1,7 @@
 """Standalone `sketchwalk worker` processes on a real PostgreSQL: two workers share a queue and
 run every job exactly once, a SIGKILLed worker's job is recovered after the heartbeat timeout,
-a worker frozen (SIGSTOP) inside its save stalls no one and is cut off by the server, and
+a worker frozen (SIGSTOP) inside its save (between statements or mid-COPY) holds no row anyone
+waits for, and its job is taken back within the heartbeat bound and rerun by another, and
 SIGTERM finishes or re-queues the running job and exits 0."""
 
 from __future__ import annotations
@@ -214,63 +215,105 @@ def process_state(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[0]
 
 
-def row_locked(store, job_id: str) -> bool:
-    """Whether another session holds the job's row (a SKIP LOCKED pick misses it)."""
-    j = sch.jobs
+def row_locked(store, table: sa.Table, row_id: str) -> bool:
+    """Whether another session holds the row (a SKIP LOCKED pick misses it)."""
     with store.engine.begin() as conn:
-        pick = sa.select(j.c.id).where(j.c.id == job_id).with_for_update(skip_locked=True)
+        pick = sa.select(table.c.id).where(table.c.id == row_id).with_for_update(skip_locked=True)
         return conn.execute(pick).first() is None
 
 
+def save_session(store, claim: str) -> tuple[str, str] | None:
+    """(state, query) of the server session saving under `claim`, or None once it is gone."""
+    from sketchwalk.store.jobs import save_session_name
+
+    with store.engine.connect() as conn:
+        row = conn.execute(
+            sa.text("SELECT state, query FROM pg_stat_activity WHERE application_name = :n"),
+            {"n": save_session_name(claim)},
+        ).first()
+    return None if row is None else (row[0], row[1])
+
+
+JOB_TIMEOUT_S = 3.0
+RECOVERY_EVERY_S = 1.0  # max(1, JOB_TIMEOUT_S / 4): how often each worker looks for stale jobs
+BOUND_S = JOB_TIMEOUT_S + RECOVERY_EVERY_S
+"""A frozen worker's job is taken back at most this long after its last heartbeat."""
+
+
 @pytest.mark.heavy
-def test_a_worker_frozen_inside_its_save_stalls_no_one(pg_url, tmp_path, procs):
+@pytest.mark.parametrize(
+    ("request_", "session_state"),
+    [
+        ({"freeze_in_save": True}, "idle in transaction"),  # between two statements
+        ({"freeze_in_copy": "save_result"}, "active"),  # inside the COPY, no timeout applies
+        ({"freeze_in_copy": "save_quality"}, "active"),  # the quality half's COPY
+    ],
+    ids=["between-statements", "in-copy", "in-copy-quality-half"],
+)
+def test_a_worker_frozen_inside_its_save_is_cut_off_and_its_job_rerun(
+    pg_url, tmp_path, procs, request_, session_state
+):
     env = {
-        "SKETCHWALK_JOB_TIMEOUT_S": "3",  # its job looks dead after 3 s ...
+        "SKETCHWALK_JOB_TIMEOUT_S": f"{JOB_TIMEOUT_S:g}",  # its job looks dead after 3 s ...
         "SKETCHWALK_RUN_STALE_S": "1",  # ... its run after 1 s: recovery tries both at once
-        "SKETCHWALK_DB_IDLE_TX_S": "45",  # the server cuts the frozen transaction off then
+        "SKETCHWALK_DB_IDLE_TX_S": "45",  # the server's own timeouts come far too late here
     }
     workers = [WorkerProc(pg_url, tmp_path, f"w{i}", **env) for i in range(3)]
     procs += workers
     for w in workers:
         w.wait_serving()
     with open_store(pg_url) as store:
-        frozen_job = store.enqueue_job({"prompt": "freeze", "freeze_in_save": True})
+        frozen_job = store.enqueue_job({"prompt": "freeze", **request_})
         wait_for(
             lambda: any(process_state(w.proc.pid) == "T" for w in workers),
             60,
             "a worker to stop itself inside its save",
         )
+        froze_at = time.monotonic()
         (frozen,) = [w for w in workers if process_state(w.proc.pid) == "T"]
-        assert row_locked(store, frozen_job)  # its open transaction holds the job and run rows
+        first = store.get_job(frozen_job)
+        state, query = save_session(store, first.claim) or ("gone", "")
+        assert state == session_state, (state, query)
+        if "freeze_in_copy" in request_:
+            assert query.startswith("COPY "), query  # frozen while the server waits for data
+        # the save locks no row anyone else needs: the job's and run's rows are free
+        assert not row_locked(store, sch.jobs, frozen_job)
+        assert not row_locked(store, sch.runs, first.run_id)
+        wait_for(lambda: store.get_job(frozen_job).attempts == 2, 30, "another worker's claim")
+        retaken_s = time.monotonic() - froze_at
+        assert save_session(store, first.claim) is None  # recovery ended the frozen session
         cheap = [store.enqueue_job({"prompt": f"job {i}", "sleep_s": 0.2}) for i in range(8)]
         wait_for(
-            lambda: all(store.get_job(j).status == "done" for j in cheap),
-            40,
-            "the other workers to drain the queue past the frozen one",
+            lambda: all(store.get_job(j).status == "done" for j in cheap + [frozen_job]),
+            60,
+            "the other workers to drain the queue and rerun the frozen job",
         )
-        runs = subprocess.run(  # never waits on the frozen worker's locks
+        runs = subprocess.run(
             [sys.executable, "-m", "sketchwalk.cli.main", "runs", "--db", pg_url, "--json"],
             capture_output=True,
             text=True,
             timeout=60,
         )
         assert runs.returncode == 0, runs.stderr
-        assert row_locked(store, frozen_job)  # all of that happened while it held its locks
-        assert process_state(frozen.proc.pid) == "T"
-        # the server ends the idle transaction; the job is re-queued and finished by another
-        wait_for(lambda: store.get_job(frozen_job).status == "done", 120, "the frozen job")
+        assert process_state(frozen.proc.pid) == "T"  # all of that while it stayed frozen
         done = store.get_job(frozen_job)
         os.kill(frozen.proc.pid, signal.SIGCONT)  # revived: its late writes are refused
         assert frozen.stop() == 0, frozen.output()
         after = store.get_job(frozen_job)
         listed = store.list_runs()
         jobs = {j.id: j for j in store.list_jobs()}
+        final = store.get_run(done.run_id)
+    print(f"frozen {session_state}: job taken back by another worker {retaken_s:.1f} s after")
+    assert retaken_s <= BOUND_S + 2.0  # + the freeze's detection and a loaded machine's slack
     assert done.worker != frozen.name and done.attempts == 2
     assert (after.status, after.worker, after.run_id) == ("done", done.worker, done.run_id)
     assert list(listed["prompt"]).count(frozen_job) == 1  # one run of it: the second attempt's
     assert store_status(listed, done.run_id) == "done"
+    if request_.get("freeze_in_copy") == "save_quality":
+        assert final["timings"] == {"clean_sparse_prefill_ms": 1.0}  # its speed half too
     assert {jobs[j].worker for j in cheap} <= {w.name for w in workers if w is not frozen}
     assert all(list(listed["prompt"]).count(j) == 1 for j in cheap)
+    assert "Traceback" not in frozen.output() and "abandoned job" in frozen.output()
     for w in workers:
         if w is not frozen:
             assert w.stop() == 0, w.output()

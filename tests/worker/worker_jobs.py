@@ -11,8 +11,11 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
+import pyarrow.csv as pacsv
 
 from sketchwalk.engine.records import BlockSpan, LayerRecord, RunResult, TokenRecord
 from sketchwalk.worker.loop import run_job_kind
@@ -22,6 +25,9 @@ def mixed(worker, job) -> None:
     req = job.request
     if req.get("freeze_in_save"):
         freeze_in_save(worker, job)
+        return
+    if req.get("freeze_in_copy"):
+        freeze_in_copy(worker, job, req["freeze_in_copy"])
         return
     if "sleep_s" not in req:
         run_job_kind(worker, job)
@@ -57,9 +63,12 @@ def freeze_in_save(worker, job) -> None:
     run_id = store.create_run({"prompt": job.id, "model": worker.name}, "running", job=fence)
     if job.attempts == 1:
         insert = store._insert
+        stopped: list[bool] = []
 
         def stop_inside(conn, table, data, key):
-            os.kill(os.getpid(), signal.SIGSTOP)  # frozen here until SIGCONT
+            if not stopped:  # once: revived, the save goes on
+                stopped.append(True)
+                os.kill(os.getpid(), signal.SIGSTOP)  # frozen here until SIGCONT
             insert(conn, table, data, key)
 
         store._insert = stop_inside
@@ -67,6 +76,41 @@ def freeze_in_save(worker, job) -> None:
         store.save_result(run_id, small_result(job.id), job=fence)
     finally:
         store.__dict__.pop("_insert", None)
+
+
+@contextmanager
+def stopped_inside_copy(active: bool) -> Iterator[None]:
+    """While active, the first CSV buffer written for a COPY stops this process (a real SIGSTOP)
+    inside `cursor.copy()`: the server has the COPY ... FROM STDIN and waits for its data."""
+    if not active:
+        yield
+        return
+    real = pacsv.write_csv
+    stopped: list[bool] = []
+
+    def write_then_stop(*args, **kwargs):
+        if not stopped:
+            stopped.append(True)
+            os.kill(os.getpid(), signal.SIGSTOP)  # frozen here until SIGCONT
+        return real(*args, **kwargs)
+
+    pacsv.write_csv = write_then_stop
+    try:
+        yield
+    finally:
+        pacsv.write_csv = real
+
+
+def freeze_in_copy(worker, job, write: str) -> None:
+    """The fenced `write` ("save_result", or "save_quality" then "save_speed") of a small
+    result; on the job's first attempt the worker stops itself in the middle of the COPY."""
+    store = worker.store
+    fence = (job.id, job.claim)
+    run_id = store.create_run({"prompt": job.id, "model": worker.name}, "running", job=fence)
+    with stopped_inside_copy(job.attempts == 1):
+        getattr(store, write)(run_id, small_result(job.id), job=fence)
+    if write == "save_quality":
+        store.save_speed(run_id, {"clean_sparse_prefill_ms": 1.0}, job=fence)
 
 
 def small_result(prompt: str) -> RunResult:
