@@ -1,5 +1,6 @@
-"""How long a person waits in the app: Run clicked -> the run's verdict on the New run page
--> first heatmap in Explore.
+"""How long a person waits in the app: Run clicked -> the run's verdict (its quality half, then
+its speed half) on the New run page -> first heatmap in Explore; then the same prompt at another
+density (--second-density): Run -> its quality verdict (the dense side is reused) -> done.
 
 Starts `sketchwalk app` on a fresh DuckDB file, drives it with Chromium (Debian's, through
 playwright, as tests/e2e does), submits one run with the page's defaults (SmolLM2, density 0.2,
@@ -54,7 +55,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="untick 'Also time a clean pass' (a verdict without speed, sooner)",
     )
+    ap.add_argument(
+        "--second-density",
+        type=float,
+        default=0.1,
+        help="then run the same prompt at this density (0: no second run)",
+    )
     args = ap.parse_args(argv)
+    if not 0 <= args.second_density <= 1:
+        print("app_latency: --second-density must lie in [0, 1]", file=sys.stderr)
+        return 2
     if not Path(args.prompt_file).is_file():
         print(f"app_latency: no such prompt file: {args.prompt_file}", file=sys.stderr)
         return 2
@@ -95,18 +105,48 @@ def main(argv: list[str] | None = None) -> int:
             page.get_by_role("button", name="Run", exact=True).click()
             verdict = page.locator(".st-key-nr_verdict")
             verdict.locator('[data-testid="stMetricValue"]').first.wait_for()
+            t_quality = time.monotonic() - t0
+            if not args.no_clean_timing:  # the speed half: a prefill speed in x
+                verdict.get_by_text("×").first.wait_for()
             t_done = time.monotonic() - t0
             if args.shot:
                 page.wait_for_timeout(1500)  # the panel's last rows settle
                 verdict.screenshot(path=args.shot)
-            page.get_by_role("button", name="Open in Explore").click()
+            page.get_by_role("button", name="Open in Explore").first.click()
             page.locator(".js-plotly-plot .heatmaplayer").first.wait_for()
             t_map = time.monotonic() - t0
+            second = None
+            if args.second_density:
+                page.get_by_role("link", name="New run").first.click()
+                slider = page.locator(".st-key-nr_density").get_by_role("slider")
+                slider.wait_for()
+                steps = round((0.2 - args.second_density) / 0.01)
+                key = "ArrowLeft" if steps > 0 else "ArrowRight"
+                for _ in range(abs(steps)):  # one key at a time, each re-rendered
+                    slider.press(key)
+                    page.wait_for_timeout(250)
+                page.wait_for_timeout(1500)
+                t1 = time.monotonic()
+                page.get_by_role("button", name="Run", exact=True).click()
+                target = f"target {args.second_density:.2f}"
+                verdict.get_by_text(target).first.wait_for()
+                t2_quality = time.monotonic() - t1
+                if not args.no_clean_timing:
+                    verdict.get_by_text("×").first.wait_for()
+                second = (t2_quality, time.monotonic() - t1)
             browser.close()
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    print(f"run clicked -> verdict: {t_done:.1f} s; -> first heatmap in Explore: {t_map:.1f} s")
+    print(
+        f"run clicked -> quality verdict: {t_quality:.1f} s; -> verdict with speed: {t_done:.1f} s; "
+        f"-> first heatmap in Explore: {t_map:.1f} s"
+    )
+    if second is not None:
+        print(
+            f"same prompt at density {args.second_density:g}: run clicked -> quality verdict: "
+            f"{second[0]:.1f} s; -> verdict with speed: {second[1]:.1f} s"
+        )
     return 0
 
 
