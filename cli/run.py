@@ -174,10 +174,22 @@ def summarize(result, run_id: str | None, time_only: bool = False) -> dict:
         "sparse_text": result.sparse_text,
         "speed": speed_summary(result.timings, time_only, _density(m)),
         "layer_records": len(result.layers),
+        "note": short_prompt_note(result.prompt_tokens, result.config.get("block_size")),
         "timings": {  # numbers rounded; a note (clean_failed) as it is
             k: round(v, 3) if isinstance(v, float) else v for k, v in result.timings.items()
         },
     }
+
+
+def short_prompt_note(tokens: int, block_size: int | None) -> str | None:
+    """One line for a prompt that fits in one key block: nothing to select, so every layer kept
+    all of it (the run is stored so, at density 1.0); None otherwise."""
+    if not block_size or tokens > block_size:
+        return None
+    return (
+        f"the prompt ({tokens} tokens) fits in one block of {block_size}: nothing to select, "
+        "every layer ran dense"
+    )
 
 
 def profile_line(layer_densities: dict | None) -> str:
@@ -203,6 +215,8 @@ def print_human(s: dict) -> None:
         f"  {f(s['density_achieved_all_layers'], '.3f')} (all layers)  decode {f(s['density_decode'], '.3f')}"
     )
     print(profile_line(s["layer_densities"]))
+    if s.get("note"):
+        print(f"note  {s['note']}")
     print(
         f"quality  KL {f(s['kl_mean'])}  top-1 {f(s['top1_agreement'], '.3f')}  "
         f"ppl {f(s['ppl_dense'], '.2f')} -> {f(s['ppl_sparse'], '.2f')}  generation KL {f(s['gen_kl_mean'])}"

@@ -87,10 +87,6 @@ def validate_prompt(
             f"the prompt has {n_tokens} tokens; with {opts.max_new_tokens} new tokens that exceeds "
             f"the limit of {limit} tokens for {lm.model_id}"
         )
-    if cfg.block_size > n_tokens:
-        raise PromptError(
-            f"block size {cfg.block_size} is larger than the prompt ({n_tokens} tokens)"
-        )
 
 
 @dataclass

@@ -177,8 +177,6 @@ if n_tokens is not None and info is not None:
         errors.append(
             f"The prompt has {n_tokens} tokens; with {int(max_new)} new tokens that exceeds the limit of {limit} tokens."
         )
-    elif cfg is not None and cfg.block_size > n_tokens:
-        errors.append(f"Block size {cfg.block_size} is larger than the prompt ({n_tokens} tokens).")
     elif cfg is not None:
         try:  # what the worker will check too (engine/request.py), before anything is queued
             RunRequest(

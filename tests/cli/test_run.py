@@ -111,7 +111,6 @@ def test_run_says_how_its_layer_profile_spread_the_density(
         (["run", "x", "--block-size", "48"], "power of two"),
         (["run", "x", "--sketch-dim", "0"], "sketch dim"),
         (["run", "--prompt-file", "/no/such/file"], "cannot read prompt file"),
-        (["run", "hello world", "--block-size", "64"], "larger than the prompt"),
         (["run", "x", "--time-only", "--no-clean-timing"], "always times a clean pass"),
     ],
 )
@@ -125,6 +124,24 @@ def test_bad_input_is_one_line_and_writes_nothing(argv, words, tiny_model_dir, t
 
         with open_store(str(db)) as store:
             assert len(store.list_runs()) == 0
+
+
+def test_a_prompt_shorter_than_a_block_runs_dense_and_says_so(tiny_model_dir, tmp_path, capsys):
+    """Nothing can be sparse in one block: the run goes ahead, every layer keeps all of it, one
+    line says so, and the stored run has density 1.0."""
+    db = tmp_path / "runs.duckdb"
+    argv = ["run", "Hello there", "--model", str(tiny_model_dir), "--db", str(db)]
+    assert main([*argv, "--max-new-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "note  the prompt (2 tokens) fits in one block of 16" in out
+    from sketchwalk.store import open_store
+
+    with open_store(str(db)) as store:
+        runs = store.list_runs()
+        assert runs["status"].tolist() == ["done"]
+        assert store.get_run(runs["id"].iloc[0])["metrics"]["density_achieved"] == 1.0
+    assert main([*argv, "--max-new-tokens", "3", "--block-size", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["note"] is None
 
 
 def test_every_knob_has_a_flag_and_presets_are_the_base(capsys):
