@@ -121,10 +121,13 @@ def cmd_export(args: argparse.Namespace) -> int:
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
-            except OSError as exc:
-                raise SketchWalkError(
-                    f"cannot write {target}: {exc.strerror or exc}; choose a writable --out"
-                ) from None
+            except BaseException as exc:  # a full disk, or an interrupt: no partial zip is left
+                target.unlink(missing_ok=True)
+                if isinstance(exc, OSError):
+                    raise SketchWalkError(
+                        f"cannot write {target}: {exc.strerror or exc}; choose a writable --out"
+                    ) from None
+                raise
             paths = [target]
         else:
             paths = store.export_parquet(run_ids, out)

@@ -105,22 +105,26 @@ class ExportMixin:
         manifest.json into `out_dir` (created if needed); returns the paths, manifest last."""
         tables, manifest = self._collect(run_ids)
         out = Path(out_dir).expanduser()
-        written: list[Path] = []
+        written: list[Path] = []  # each file joins as it starts: a half-written one goes too
         try:
             out.mkdir(parents=True, exist_ok=True)
             for name, data in tables.items():
                 path = out / manifest["tables"][name]["file"]
-                path.write_bytes(self._parquet_bytes(name, data))
+                payload = self._parquet_bytes(name, data)
                 written.append(path)
+                path.write_bytes(payload)
             path = out / MANIFEST
-            path.write_text(json.dumps(manifest, indent=2) + "\n")
             written.append(path)
-        except OSError as exc:
+            path.write_text(json.dumps(manifest, indent=2) + "\n")
+        except BaseException as exc:  # a full disk, or an interrupt: no partial export is left
             for path in written:
                 path.unlink(missing_ok=True)
-            raise ExportError(
-                f"cannot write the export to {out}: {exc.strerror or exc}; choose a writable --out"
-            ) from None
+            if isinstance(exc, OSError):
+                raise ExportError(
+                    f"cannot write the export to {out}: {exc.strerror or exc}; "
+                    "choose a writable --out"
+                ) from None
+            raise
         return written
 
     def export_zip(self, run_ids: Iterable[str] | None) -> bytes:

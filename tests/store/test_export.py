@@ -183,3 +183,22 @@ def test_export_of_unknown_run_is_a_clear_error(store, tmp_path):
 def test_missing_import_path(store, tmp_path):
     with pytest.raises(ForeignExportError, match="does not exist"):
         store.import_parquet(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("at", [0, 2])
+def test_an_interrupted_export_leaves_no_partial_files(store, tmp_path, monkeypatch, at):
+    """Ctrl-C while the export writes (before its first file's bytes, or part-way through the
+    tables): the interrupt goes on, and no file of the export is left behind."""
+    run_id, _ = saved_run(store)
+    real, calls = pq.write_table, []
+
+    def write(table, sink, **kw):
+        calls.append(1)
+        if len(calls) > at:
+            raise KeyboardInterrupt
+        return real(table, sink, **kw)
+
+    monkeypatch.setattr(pq, "write_table", write)
+    with pytest.raises(KeyboardInterrupt):
+        store.export_parquet([run_id], tmp_path / "e")
+    assert sorted(p.name for p in (tmp_path / "e").iterdir()) == []
