@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -305,21 +307,38 @@ def _probe_model(model_id: str | None, dtype: str):
     return load_model(model_id or None, dtype)
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
-def query_layers(url: str, run_id: str, position: int) -> list[Any]:
+@st.cache_resource(show_spinner=False)
+def _query_cache() -> OrderedDict[tuple[str, str, int], list[Any]]:
+    """The drill-downs computed so far, shared by every session (newest last, at most 32)."""
+    return OrderedDict()
+
+
+def query_layers(
+    url: str, run_id: str, position: int, progress: Callable[[float, str], None] | None = None
+) -> list[Any]:
     """Per prefill layer, what token `position` attended to and what its row dropped
     (engine.recorder.QueryLayer): not in the store, so computed on demand by re-running the
     run's sparse prefill with a probe (engine.runner.probe_queries; memory bounded by heads x
-    keys of that one token). Cached per run and token."""
+    keys of that one token). Kept per run and token; `progress` hears how far a re-run is (a
+    plain dict rather than st.cache_data, whose replay forbids drawing on the caller's bar)."""
     from sketchwalk.engine.config import SketchWalkConfig
     from sketchwalk.engine.runner import probe_queries
 
-    run = run_meta(url, run_id)
-    req = run.get("request") or {}
-    cfg = SketchWalkConfig.from_stored(run.get("config") or {})
+    key = (url, run_id, int(position))
     with _PROBE_LOCK:
+        done = _query_cache()
+        if key in done:
+            done.move_to_end(key)
+            return done[key]
+        run = run_meta(url, run_id)
+        req = run.get("request") or {}
+        cfg = SketchWalkConfig.from_stored(run.get("config") or {})
         lm = _probe_model(req.get("model") or run.get("model_id"), req.get("dtype") or "float32")
-        return probe_queries(lm, run["prompt"], cfg, [int(position)])
+        layers = probe_queries(lm, run["prompt"], cfg, [int(position)], progress=progress)
+        done[key] = layers
+        while len(done) > 32:
+            done.popitem(last=False)
+        return layers
 
 
 # ---- choosing a run -------------------------------------------------------------------------

@@ -577,10 +577,12 @@ def probe_queries(
     positions: list[int],
     top_k: int = 8,
     kernel_backend: str | None = None,
+    progress: Progress | None = None,
 ) -> list[QueryLayer]:
     """The drill-down of a few prompt tokens, computed on demand: the run's sparse prefill again
     (same prompt, config and model, so the same selection), with a QueryProbe reading each
-    layer's attention rows of those positions. Memory: heads x keys per position and layer."""
+    layer's attention rows of those positions. Memory: heads x keys per position and layer.
+    progress: told (fraction, "layer i of L") as each layer starts."""
     ids = tokenize(lm, prompt)
     n = ids.shape[1]
     bad = [p for p in positions if not 0 <= int(p) < n]
@@ -588,9 +590,15 @@ def probe_queries(
         raise PromptError(f"position {bad[0]} is not in the prompt (0 to {n - 1})")
     probe = QueryProbe(sorted({int(p) for p in positions}), top_k)
     model = lm.model
+    layers = int(model.config.num_hidden_layers)
+
+    def on_layer(phase: str, step: int, layer: int) -> None:
+        if progress is not None:
+            progress(layer / layers, f"layer {layer + 1} of {layers}")
+
     model.set_attn_implementation(NAME)
     try:
-        with sketch_walk_session(cfg, probe, None, kernel_backend):
+        with sketch_walk_session(cfg, probe, on_layer, kernel_backend):
             LMParts.of(model).body(ids, use_cache=False)
     finally:
         model.set_attn_implementation("sdpa")

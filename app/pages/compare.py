@@ -162,12 +162,17 @@ if explain != (run_id, int(position)):
         "read that token's attention (about as long as the run's own sparse prefill)."
     )
     st.stop()
-with st.spinner(f"Re-running this run's sparse prefill to read token t{position}'s attention…"):
-    try:
-        layers = widgets.query_layers(url, run_id, int(position))
-    except SketchWalkError as exc:
-        st.error(plain_markdown(f"Cannot re-run this run's prefill: {exc}"))
-        st.stop()
+doing = f"Re-running this run's sparse prefill to read token t{position}'s attention"
+bar = st.progress(0.0, text=f"{doing}: loading the model…")
+try:
+    layers = widgets.query_layers(
+        url, run_id, int(position), lambda f, msg: bar.progress(min(f, 1.0), text=f"{doing}: {msg}")
+    )
+except SketchWalkError as exc:
+    bar.empty()
+    st.error(plain_markdown(f"Cannot re-run this run's prefill: {exc}"))
+    st.stop()
+bar.empty()
 dropped = figures.dropped_table(layers)
 st.caption(
     "Per sparse layer and KV-head group: the exact attention mass of this token (softmax over "

@@ -163,9 +163,14 @@ def test_probe_reads_the_same_selection_the_run_recorded(app_env, tiny_model):
     rid = ids["sketchwalk"]
     run = store.get_run(rid)
     pos = [5, run["prompt_tokens"] - 1]
+    heard = []
+    lm = load_model(tiny_model)
     layers = probe_queries(
-        load_model(tiny_model), run["prompt"], SketchWalkConfig.from_stored(run["config"]), pos
-    )
+        lm, run["prompt"], SketchWalkConfig.from_stored(run["config"]), pos,
+        progress=lambda f, msg: heard.append((f, msg)),
+    )  # fmt: skip
+    n = lm.model.config.num_hidden_layers  # progress: each layer as it starts, in order
+    assert heard == [(i / n, f"layer {i + 1} of {n}") for i in range(n)]
     checked = 0
     for q in layers:
         if q.dense:
