@@ -10,6 +10,7 @@ work, one per core. The Triton kernel for GPUs is kernels/triton_block_mass.py.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -185,31 +186,18 @@ def pooled_block_mass_cpu(
     tau: float,
     pool: str = "max",
     dtype: torch.dtype = torch.float32,
+    native: bool = True,
 ) -> torch.Tensor:
     """The backends' block_mass op on a CPU: sampled_block_mass pooled over each KV head's query
-    heads, [B, Hkv, R, n] (the contract of kernels/block_mass_reference.py)."""
+    heads, [B, Hkv, R, n] (the contract of kernels/block_mass_reference.py). native False: in
+    torch alone (the reference backend's op: chunked, so memory stays bounded at any length,
+    unlike pooled_block_mass_reference)."""
     mass = sampled_block_mass(qs, q_valid, pos, ks, k_valid, block_size, dim, tau,
-                              pool=pool, dtype=dtype)  # fmt: skip
+                              pool=pool, dtype=dtype, native=native)  # fmt: skip
     return pool_heads(mass, pool)
 
 
-def pooled_block_mass_torch(
-    qs: torch.Tensor,
-    q_valid: torch.Tensor,
-    pos: torch.Tensor,
-    ks: torch.Tensor,
-    k_valid: torch.Tensor,
-    block_size: int,
-    dim: int,
-    tau: float,
-    pool: str = "max",
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """The reference backend's block_mass op: as pooled_block_mass_cpu in torch alone, chunked
-    (memory bounded at any length, unlike pooled_block_mass_reference)."""
-    mass = sampled_block_mass(qs, q_valid, pos, ks, k_valid, block_size, dim, tau,
-                              pool=pool, dtype=dtype, native=False)  # fmt: skip
-    return pool_heads(mass, pool)
+pooled_block_mass_torch = functools.partial(pooled_block_mass_cpu, native=False)
 
 
 def row_block_mass(scores: torch.Tensor, lo, hi, block_size: int) -> torch.Tensor:
