@@ -31,6 +31,9 @@ class RecorderOptions:
     time_dense: bool = True  # also time dense SDPA on the same inputs, for per-layer speedups
     decode: bool = True  # record decode steps too
     group_max_blocks: int = 128  # per-group records (per-group selection) up to this many blocks
+    # the walk's counterfactual (or A_l's selection beside a walking run) up to this many blocks:
+    # the walk costs degree x n^3 per group, small at 2k tokens, seconds a layer past 8k
+    walk_max_blocks: int = 512
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,9 @@ class Recorder:
 
     def wants_exact(self, lk: int) -> bool:
         return lk <= self.options.exact_max_tokens
+
+    def wants_walk_effect(self, n_blocks: int) -> bool:
+        return n_blocks <= self.options.walk_max_blocks
 
     def record(self, obs: LayerStep) -> None:
         """One record for batch element 0; group dimensions are averaged (selected: any group)."""
@@ -270,6 +276,9 @@ class QueryProbe:
         return phase == "prefill"
 
     def wants_exact(self, lk: int) -> bool:
+        return False
+
+    def wants_walk_effect(self, n_blocks: int) -> bool:
         return False
 
     def record(self, obs: LayerStep) -> None:

@@ -324,7 +324,8 @@ class Session:
                 select=sparse,
                 exact=exact,
                 step=self.meta,
-                alternative=self.recorder is not None,
+                alternative=self.recorder is not None
+                and self.recorder.wants_walk_effect(-(-call.k.shape[2] // cfg.block_size)),
                 prev_alt=self.walk_alt_prev,
             )
             self._time_stages(plan)

@@ -70,3 +70,20 @@ def test_the_run_summary_says_whether_the_walk_selected():
     assert summarise_walk_effect([], SketchWalkConfig()) is None
     on = summarise_walk_effect([{**layers[0], "used": True}], SketchWalkConfig(beta=0.4))
     assert on["used"] is True and on["beta"] == 0.4
+
+
+def test_the_walk_effect_is_left_out_past_its_block_limit():
+    """The counterfactual walk costs degree x n^3 a group: past RecorderOptions.walk_max_blocks
+    a recorded run keeps no walk effect (and A_l is its walk record, as before)."""
+    from sketchwalk.engine.recorder import RecorderOptions
+
+    model = tiny_llama(layers=3, heads=4, kv_heads=2, head_dim=16, seed=2)
+    model.set_attn_implementation("sketch_walk")
+    ids = torch.randint(1, 128, (1, 500), generator=torch.Generator().manual_seed(5))
+    rec = Recorder(RecorderOptions(walk_max_blocks=31))  # 500 tokens: 32 blocks of 16
+    with torch.no_grad(), sketch_walk_session(SketchWalkConfig(beta=0.0, **KNOBS), rec):
+        model(ids)
+    assert rec.walk_effect == []
+    first = _prefill(rec, 1)
+    torch.testing.assert_close(torch.as_tensor(first.walk), torch.as_tensor(first.sketch))
+    assert _record(model, ids, 0.0).walk_effect  # at the default limit it is there
