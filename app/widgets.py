@@ -230,10 +230,10 @@ def clear_caches() -> None:
         tokens,
         run_meta,
         last_rows,
-        query_layers,
     ):
         fn.clear()
     _layer_views().clear()
+    _query_cache().clear()
 
 
 # ---- the verdict of a run -------------------------------------------------------------------

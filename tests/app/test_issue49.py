@@ -287,7 +287,7 @@ def test_new_run_shows_the_quality_half_while_the_clean_passes_run(fresh):
     _page(at.run(), "new_run")
     shown = {m.label.split(" :")[0]: m.value for m in at.metric}
     assert shown["KL to dense"] == "0.0100" and shown["Top-1 agreement"] == "97.0%"
-    assert shown["Achieved density"] == "0.25" and shown["Attention mass kept"] == "90.0%"
+    assert shown["Achieved density"] == "0.25" and shown["Mass kept"] == "90.0%"
     assert shown["Prefill speed"] == shown["Decode speed"] == "…"
     notes = [c.value for c in at.caption]
     assert notes.count("timing clean passes…") == 2
