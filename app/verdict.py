@@ -190,7 +190,7 @@ def walk_item(metrics: dict[str, Any]) -> Item | None:
     beta = _num(eff.get("beta"))
     used = bool(eff.get("used"))
     changed = added + dropped > 0
-    value = f"+{added} / -{dropped} blocks" if changed else "no change"
+    value = f"+{added} −{dropped}" if changed else "same"  # short: it shares a row at 1024 px
     mass = "" if gain is None else f"; exact mass {gain:+.3f} summed over layers"
     damping = "" if beta is None else f" (damping {beta:g})"
     if used:
@@ -203,7 +203,7 @@ def walk_item(metrics: dict[str, Any]) -> Item | None:
             "blocks or A_l already decide at this density)"
         )
     level = "info" if gain is None or abs(gain) < 0.01 else "ok" if gain > 0 else "warn"
-    return Item("walk", "Walk", value, note, level)
+    return Item("walk", "Walk: blocks", value, note, level)
 
 
 TIMING_NOTE = "timing clean passes…"

@@ -85,9 +85,6 @@ class Recorder:
     def wants_exact(self, lk: int) -> bool:
         return lk <= self.options.exact_max_tokens
 
-    def wants_walk_effect(self, n_blocks: int) -> bool:
-        return n_blocks <= self.options.walk_max_blocks
-
     def record(self, obs: LayerStep) -> None:
         """One record for batch element 0; group dimensions are averaged (selected: any group)."""
         if not self.observes(obs.phase):
@@ -268,7 +265,9 @@ class QueryProbe:
     positions: list[int]
     top_k: int = 8
     options: RecorderOptions = field(
-        default_factory=lambda: RecorderOptions(exact_max_tokens=0, time_dense=False, decode=False)
+        default_factory=lambda: RecorderOptions(
+            exact_max_tokens=0, time_dense=False, decode=False, walk_max_blocks=0
+        )
     )
     layers: list[QueryLayer] = field(default_factory=list)
 
@@ -276,9 +275,6 @@ class QueryProbe:
         return phase == "prefill"
 
     def wants_exact(self, lk: int) -> bool:
-        return False
-
-    def wants_walk_effect(self, n_blocks: int) -> bool:
         return False
 
     def record(self, obs: LayerStep) -> None:

@@ -325,7 +325,7 @@ class Session:
                 exact=exact,
                 step=self.meta,
                 alternative=self.recorder is not None
-                and self.recorder.wants_walk_effect(-(-call.k.shape[2] // cfg.block_size)),
+                and -(-call.k.shape[2] // cfg.block_size) <= self.recorder.options.walk_max_blocks,
                 prev_alt=self.walk_alt_prev,
             )
             self._time_stages(plan)

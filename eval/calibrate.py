@@ -24,7 +24,7 @@ from sketchwalk.errors import SketchWalkError
 class OfferCollector:
     """Stands in for the recorder in a dense prefill: keeps each sparse layer's offers."""
 
-    options = RecorderOptions(time_dense=False, decode=False)
+    options = RecorderOptions(time_dense=False, decode=False, walk_max_blocks=0)
 
     def __init__(self, cfg: SketchWalkConfig):
         self.cfg = cfg

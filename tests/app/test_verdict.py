@@ -171,13 +171,13 @@ def test_the_walk_item_says_what_the_walk_changes_and_whether_it_selected():
     dropped, the mass gain's sign as the level; no item for runs without a walk effect."""
     off = {"used": False, "beta": 0.25, "added": 12, "dropped": 10, "mass_gain": 0.031}
     item = v.walk_item({"walk_effect": off})
-    assert item.value == "+12 / -10 blocks" and item.level == "ok"
+    assert item.value == "+12 −10" and item.level == "ok"
     assert "not used for selection" in item.note and "damping 0.25" in item.note
     assert "+0.031" in item.note
     on = v.walk_item({"walk_effect": {**off, "used": True, "mass_gain": -0.02}})
     assert "selected" in on.note and "not used" not in on.note and on.level == "warn"
     same = v.walk_item({"walk_effect": {**off, "added": 0, "dropped": 0, "mass_gain": 0.0}})
-    assert same.value == "no change" and "same blocks" in same.note
+    assert same.value == "same" and "same blocks" in same.note
     assert v.walk_item({}) is None and v.walk_item({"walk_effect": None}) is None
     run = {"metrics": {"walk_effect": off}, "config": {}, "prompt": "x"}
     assert v.verdict(run).item("walk") is not None

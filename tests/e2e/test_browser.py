@@ -161,9 +161,11 @@ def test_submit_explore_export_in_a_real_browser(server, browser, tiny_model, tm
     settle(page)
     assert page.locator(".js-plotly-plot").count() >= 4  # 3 matrices + the preview
     assert page.locator(".js-plotly-plot .heatmaplayer").count() >= 3
-    # the default run does not walk (damping 0): no walk map, and the page says why
-    assert page.locator(".js-plotly-plot .gtitle").filter(has_text="Walk score W_l").count() == 0
-    assert page.get_by_text("The walk is off in this run").count() == 1
+    # the default run does not walk (damping 0): its walk map is the counterfactual's, titled
+    # as not used for selection, and the page says what the walk would change in the layer
+    titles = page.locator(".js-plotly-plot .gtitle")
+    assert titles.filter(has_text="not used for selection").count() == 1
+    assert page.get_by_text("This run selected on A_l (walk damping 0)").count() == 1
     caption = page.get_by_text("data + figures").first
     assert caption.inner_text().startswith("Layer 2 ·")
     shot(page, "3-explore")
