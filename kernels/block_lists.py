@@ -18,7 +18,11 @@ def block_lists_reference(keep: torch.Tensor, kmax: int) -> torch.Tensor:
     kept block repeated (nk - 1 where it keeps none); kmax >= every row's count."""
     nk = keep.shape[-1]
     at = keep.cumsum(-1, dtype=torch.int32)  # a kept block's place in its list, plus one
-    count = at[..., -1:] if nk else torch.zeros(*keep.shape[:-1], 1, dtype=torch.int32)
+    count = (
+        at[..., -1:]
+        if nk
+        else torch.zeros(*keep.shape[:-1], 1, dtype=torch.int32, device=keep.device)
+    )
     j = torch.arange(nk, device=keep.device, dtype=torch.int32)
     # each kept block written at its place (unkept ones into a spare last slot): the sorted lists
     # in one pass, where a sort of every row cost ~3.5 ms a layer at 7k tokens

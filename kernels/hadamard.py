@@ -34,7 +34,7 @@ def srht_rows_reference(
         return y, None, None
     bsz, h, length, r = y.shape
     n = -(-length // block_size)
-    w = torch.ones(bsz, length) if weights is None else weights.float()
+    w = torch.ones(bsz, length, device=y.device) if weights is None else weights.float()
     w = torch.nn.functional.pad(w, (0, n * block_size - length))[:, None, :, None]
     yp = torch.nn.functional.pad(y, (0, 0, 0, n * block_size - length))
     sums = (yp * w).unflatten(2, (n, block_size)).sum(3)

@@ -46,6 +46,7 @@ def test_a_signal_during_delete_deletes_nothing_and_says_so(db_path, capsys, sig
     with open_store(str(db_path)) as store:
         ids = [saved_run(store, seed=i)[0] for i in range(12)]
     hook = _SignalOnDelete(signum, nth)
+    before = signal.getsignal(signal.SIGTERM)  # SIG_DFL, or what an earlier test installed
     sa.event.listen(sa.engine.Engine, "before_cursor_execute", hook)
     try:
         code = main(["delete", "--db", str(db_path), *ids])
@@ -61,7 +62,7 @@ def test_a_signal_during_delete_deletes_nothing_and_says_so(db_path, capsys, sig
     )
     with open_store(str(db_path)) as store:
         assert set(store.run_ids()) == set(ids)
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+    assert signal.getsignal(signal.SIGTERM) == before  # handlers restored
 
 
 def test_delete_prints_one_line_and_deletes_every_run(db_path, capsys):
