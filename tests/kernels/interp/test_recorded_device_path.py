@@ -49,6 +49,7 @@ SELECTION = {  # a selection's host reads (test_engine_device_path.py says why)
 RECORDER = {  # the recorder's copies to the host and its scalar metrics
     ("engine/recorder.py", "_np"),
     ("engine/recorder.py", "_group_records"),
+    ("engine/recorder.py", "walk_effect_of"),  # the walk's added / dropped counts and mass
     ("engine/blockstats.py", "row_mean"),
     ("engine/select.py", "density"),
 }
