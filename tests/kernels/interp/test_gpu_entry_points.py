@@ -38,6 +38,7 @@ PER_RUN = {
     ("engine/runner.py", "_run"),
     ("engine/runner.py", "forward_hidden"),
     ("engine/runner.py", "judge_logits"),  # the dense judge's logits of the continuation
+    ("engine/runner.py", "dense_key"),  # the prompt's ids hashed once: the dense side's memo
     ("engine/runner.py", "_token_records"),
     ("engine/timing.py", "one_pass"),
     ("engine/metrics.py", "_compare_rows"),
@@ -48,6 +49,7 @@ PER_RUN = {
 RECORDER = {
     ("engine/recorder.py", "_np"),
     ("engine/recorder.py", "_group_records"),
+    ("engine/recorder.py", "walk_effect_of"),  # the walk's added / dropped counts and mass
     ("engine/blockstats.py", "row_mean"),
     ("engine/select.py", "density"),
 }
