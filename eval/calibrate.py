@@ -14,8 +14,9 @@ from sketchwalk.engine.hf.hook import NAME
 from sketchwalk.engine.hf.session import sketch_walk_session
 from sketchwalk.engine.method.config import SketchWalkConfig
 from sketchwalk.engine.method.layer_profile import TARGETS, LayerProfile, allocate, fingerprint
-from sketchwalk.engine.method.pipeline import key_span, layer_exact
+from sketchwalk.engine.method.pipeline import layer_exact
 from sketchwalk.engine.method.select import ForcedRule, Offers, Tiles, budget_masks, tile_offers
+from sketchwalk.engine.method.sketch import key_span
 from sketchwalk.engine.run.recorder import LayerStep, RecorderOptions
 from sketchwalk.engine.run.timing import last_logits_only
 from sketchwalk.errors import SketchWalkError

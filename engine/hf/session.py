@@ -3,8 +3,10 @@
 The attention function is called layer by layer without any handle to "this run": the walk needs
 the previous layer's scores and decode needs every layer's grown A_l. Binding that state to a
 context (not to modules or globals) keeps two runs, threads or requests from ever sharing it.
-What each call is (prefill, decode step, chunk) is read from the layer's cache, and everything
-the recorder sees passes through one call (Session._observe).
+What each call is (prefill, decode step, chunk) is read from the layer's cache at layer 0 into the
+step's plan (engine/method/step.py), which every layer of the step reads; each phase has its own
+path (_prefill, _decode, _chunk), and everything the recorder sees passes through one call
+(Session._observe).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from sketchwalk.engine.method.layer_profile import layer_densities
 from sketchwalk.engine.method.pipeline import LayerPlan, layer_exact, prefill_plan, sparse_attention
 from sketchwalk.engine.method.select import BlockSelection
 from sketchwalk.engine.method.sketch import SRHT, make_srht
-from sketchwalk.engine.method.step import StepMeta
+from sketchwalk.engine.method.step import StepPlan
 from sketchwalk.engine.run.recorder import LayerStep, Recorder
 from sketchwalk.kernels import backend_for, use_backend
 
@@ -105,8 +107,8 @@ class Session:
     decode_states: dict[int, DecodeLayerState] = field(default_factory=dict)
     srhts: dict[tuple[int, int, str], SRHT] = field(default_factory=dict)
     stage_ms: dict[str, Duration] = field(default_factory=dict)  # summed per stage (timings)
-    _ones: torch.Tensor | None = None  # the all-valid key mask of the current length
-    meta: StepMeta | None = None  # what the current forward step's layers share (layer 0 builds)
+    plan: StepPlan | None = None  # what the current forward step's layers share (layer 0 builds)
+    _plan_mask: torch.Tensor | None = None  # the model's mask the plan's validity was read from
     # kept (row, block) pairs and all causal pairs, per phase, over sparse layers / all layers
     counts: dict[str, PairCounts] = field(default_factory=dict)  # per phase (density())
     # each sparse layer's density from the model's layer profile ({}: cfg.density everywhere);
@@ -171,17 +173,19 @@ class Session:
             kept, cand, sparse
         )
 
-    def _key_validity(
-        self, mask: torch.Tensor | None, bsz: int, lk: int, device: torch.device
-    ) -> torch.Tensor:
-        """key_validity, but without a mask the all-true [B, Lk] is built once per step, not
-        once per layer (a decode step is bound by the number of small ops)."""
-        if mask is not None:
-            return key_validity(mask, bsz, lk, device)
-        c = self._ones
-        if c is None or c.shape != (bsz, lk) or c.device != device:
-            c = self._ones = torch.ones(bsz, lk, dtype=torch.bool, device=device)
-        return c
+    def _plan_step(self, phase: str, mask: torch.Tensor | None, bsz: int, lk: int, device) -> None:
+        """Layer 0 of a forward call: the step's plan, read once for all its layers."""
+        valid = key_validity(mask, bsz, lk, device)
+        self.plan = StepPlan.of(valid, phase, self.step, mask is not None, self.kernel_backend)
+        self._plan_mask = mask
+
+    def _valid(self, mask: torch.Tensor | None, bsz: int, lk: int, device) -> torch.Tensor:
+        """A layer's real keys: the step's, unless the layer has a mask of its own (a sliding
+        window layer's), whose validity is then read once for the step."""
+        assert self.plan is not None
+        if mask is self._plan_mask:
+            return self.plan.key_valid
+        return self.plan.once(("valid", id(mask)), lambda: key_validity(mask, bsz, lk, device))
 
     @property
     def timings(self) -> dict[str, float]:
@@ -218,11 +222,11 @@ class Session:
         bsz, _, lq, _ = q.shape
         lk = k.shape[2]
         phase = phase_of(lk - lq, lq)  # the cache hands over its keys with the new ones
-        key_valid = self._key_validity(mask, bsz, lk, q.device)
         if layer == 0:
             self._begin(phase)
-        if layer == 0 or self.meta is None:
-            self.meta = StepMeta.of(mask, key_valid)
+        if layer == 0 or self.plan is None:
+            self._plan_step(phase, mask, bsz, lk, q.device)
+        key_valid = self._valid(mask, bsz, lk, q.device)
         if self.on_layer is not None:
             self.on_layer(phase, self.step, layer)
         call = LayerCall(phase, layer, q, k, v, mask, key_valid, scale)
@@ -322,7 +326,7 @@ class Session:
                 call.scale,
                 select=sparse,
                 exact=exact,
-                step=self.meta,
+                step=self.plan,
                 alternative=self.recorder is not None
                 and -(-call.k.shape[2] // cfg.block_size) <= self.recorder.options.walk_max_blocks,
                 prev_alt=self.walk_alt_prev,
@@ -355,7 +359,7 @@ class Session:
         srht = self.srht(call.layer, q.shape[-1], q.device)
         st = self.decode_states[call.layer]
         plan = chunk_step(
-            st, q, k[:, :, -lq:], lk, cfg, srht, call.key_valid, self.chunk_walk, sparse, self.meta
+            st, q, k[:, :, -lq:], lk, cfg, srht, call.key_valid, self.chunk_walk, sparse, self.plan
         )
         self._time_stages(plan)
         if not sparse:
@@ -392,7 +396,7 @@ class Session:
                 keys=k,
                 scale=call.scale,
                 all_valid=call.mask is None,
-                step=self.meta,
+                step=self.plan,
             )
         self._time_stages(plan)
         return (plan, *self._sparse(call, plan))
@@ -404,10 +408,9 @@ class Session:
     def _sparse(self, call: LayerCall, plan: LayerPlan) -> tuple[torch.Tensor, Duration]:
         """The kept blocks through the kernel; returns the output and its time in ms."""
         sel = plan.selection
-        assert sel is not None and self.meta is not None
+        assert sel is not None and self.plan is not None
         q = call.q
-        padded = self.meta.padded  # read once per step, at layer 0
-        seq_start = call.key_valid.float().argmax(dim=1) if padded else None
+        seq_start = self.plan.starts(call.key_valid)
         watch = Stopwatch(q.device)
         out = None
         if call.phase == "decode" and self.cfg.decode_reselect != 1:

@@ -21,7 +21,6 @@ from sketchwalk.engine.method.methods import ScoreInputs
 from sketchwalk.engine.method.pipeline import (
     LayerPlan,
     choose_blocks,
-    key_span,
     method_scores,
     transition,
 )
@@ -40,8 +39,9 @@ from sketchwalk.engine.method.sketch import (
     block_means,
     block_pool,
     causal_block_softmax,
+    key_span,
 )
-from sketchwalk.engine.method.step import StepMeta
+from sketchwalk.engine.method.step import StepPlan
 from sketchwalk.engine.method.walk import walk_row, walk_rows
 from sketchwalk.kernels import kernel
 
@@ -161,7 +161,7 @@ def chunk_step(
     key_valid: torch.Tensor,
     prev_walk: torch.Tensor | None,
     select: bool = True,
-    step: StepMeta | None = None,
+    step: StepPlan | None = None,
 ) -> LayerPlan:
     """Queries after a cache (a chunked prefill, a later turn) for one layer.
 
@@ -215,7 +215,7 @@ def chunk_step(
         return LayerPlan(a_rows, None, None, None, timer.ms)
     beta = cfg.effective_beta
     w_rows = timer.run("walk", lambda: walk_rows(a_rows, st.a, prev_walk, beta, cfg.degree))
-    start, end = key_span(key_valid)
+    start, end = key_span(key_valid) if step is None else step.span(key_valid)
 
     def choose() -> BlockSelection:
         x = ScoreInputs(a_rows.shape, q.device, rows, b, a_rows, w_rows)
@@ -303,7 +303,7 @@ def decode_step(
     keys: torch.Tensor | None = None,
     scale: float | None = None,
     all_valid: bool = False,
-    step: StepMeta | None = None,
+    step: StepPlan | None = None,
 ) -> LayerPlan:
     """One decode token for one layer: update A_l's current row, estimate, walk, select.
 
@@ -338,7 +338,7 @@ def decode_step(
             sel = decode_row_selection(scores, cur, ForcedRule.of(cfg), cfg.rates)
             if sel is not None:
                 return sel
-        start, end = key_span(key_valid)
+        start, end = key_span(key_valid) if step is None else step.span(key_valid)
         return choose_blocks(cfg, scores, rows, start, end, n, tail=False, step=step)
 
     sel = timer.run("select", choose)

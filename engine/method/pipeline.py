@@ -28,9 +28,8 @@ from sketchwalk.engine.method.sketch import (
     SketchedBlocks,
     aggregate_heads,
     block_pool,
-    key_span,
 )
-from sketchwalk.engine.method.step import StepMeta
+from sketchwalk.engine.method.step import StepPlan
 from sketchwalk.engine.method.walk import COUNTERFACTUAL_BETA, walk
 from sketchwalk.kernels import block_sparse_attention
 
@@ -120,7 +119,7 @@ def choose_blocks(
     n_blocks: int,
     real_rows: torch.Tensor | None = None,
     tail: bool = True,
-    step: StepMeta | None = None,
+    step: StepPlan | None = None,
 ) -> BlockSelection:
     """The config's selection rule over scores [B, G, R, n] for query-block rows `rows`. step:
     the forward step's shared values, where the budget masks are built once for all its layers
@@ -183,7 +182,7 @@ def prefill_plan(
     scale: float | None = None,
     select: bool = True,
     exact: torch.Tensor | None = None,
-    step: StepMeta | None = None,
+    step: StepPlan | None = None,
     alternative: bool = False,
     prev_alt: torch.Tensor | None = None,
 ) -> LayerPlan:
@@ -198,9 +197,10 @@ def prefill_plan(
     bsz, h, t, d = q.shape
     b = cfg.block_size
     n = -(-t // b)
-    if step is None:
-        step = StepMeta(padded=valid is not None and not bool(valid.all()))
-    valid = torch.ones(bsz, t, dtype=torch.bool, device=q.device) if valid is None else valid
+    if valid is None:
+        valid = torch.ones(bsz, t, dtype=torch.bool, device=q.device)
+        step = step or StepPlan.of(valid, may_pad=False)
+    step = step or StepPlan.of(valid)
     scale = d**-0.5 if scale is None else scale
     timer = StageTimer(q.device)
     rows = torch.arange(n, device=q.device)
@@ -212,7 +212,7 @@ def prefill_plan(
     if not select:
         return LayerPlan(a, None, None, sk, timer.ms)
     w = timer.run("walk", lambda: walk(a, prev_walk, cfg.effective_beta, cfg.degree))
-    start, end = key_span(valid)
+    start, end = step.span(valid)
     real_rows = sk.q_count > 0
 
     def choose() -> BlockSelection:

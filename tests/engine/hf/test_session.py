@@ -160,3 +160,55 @@ def test_a_reconfigured_session_runs_its_layers_under_the_new_config():
     row = compare(model, ids, cfg, ["1", "0", "4"], 6)
     assert row["1"]["reused"] == 0  # every token re-selects
     assert row["0"]["reused"] > row["4"]["reused"] > 0  # at a block start; every 4th token
+
+
+def test_each_forward_step_builds_one_plan_that_every_layer_reads(monkeypatch):
+    """The step plan (phase, validity, step index, backend) is built at layer 0 of each forward
+    call, once; the mask's validity is read once per step, not once per layer."""
+    from sketchwalk.engine.hf import session as session_module
+    from sketchwalk.engine.method.step import StepPlan
+
+    built: list[StepPlan] = []
+    real_of, real_valid = StepPlan.of, session_module.key_validity
+    reads = []
+    monkeypatch.setattr(
+        StepPlan,
+        "of",
+        classmethod(lambda cls, *a, **k: built.append(real_of(*a, **k)) or built[-1]),
+    )
+    monkeypatch.setattr(
+        session_module, "key_validity", lambda *a: reads.append(1) or real_valid(*a)
+    )
+    seen: list[tuple[str, int, StepPlan]] = []
+    real_prefill = Session._prefill
+
+    def spy(self, call, exact):
+        seen.append((call.phase, call.layer, self.plan))
+        return real_prefill(self, call, exact)
+
+    monkeypatch.setattr(Session, "_prefill", spy)
+    _, s = _run(SketchWalkConfig(block_size=8, dense_layers=()), new=NEW)
+    assert [p.phase for p in built] == ["prefill"] + ["decode"] * (NEW - 1)
+    assert [p.step for p in built] == list(range(NEW))
+    assert len(reads) == len(built)  # one validity read per step
+    assert [layer for _, layer, _ in seen] == list(range(LAYERS))
+    assert all(plan is built[0] for _, _, plan in seen)  # the prefill's layers share its plan
+    assert not built[0].padded and built[0].starts() is None
+
+
+def test_a_padded_step_plan_gives_sequence_starts_and_spans_once():
+    from sketchwalk.engine.method.sketch import key_span
+    from sketchwalk.engine.method.step import StepPlan
+
+    valid = torch.ones(3, 20, dtype=torch.bool)
+    valid[1, :7] = False
+    valid[2, :19] = False
+    plan = StepPlan.of(valid)
+    assert plan.padded
+    assert plan.starts().tolist() == [0, 7, 19]
+    assert plan.starts() is plan.starts()  # built once per step
+    start, end = plan.span()
+    want = key_span(valid)
+    assert torch.equal(start, want[0]) and torch.equal(end, want[1])
+    assert plan.span() is plan.span()
+    assert not StepPlan.of(valid, may_pad=False).padded  # the caller knows there is no mask

@@ -438,15 +438,15 @@ def test_a_padded_batch_selects_each_sequence_as_alone(row_group):
 
 
 def test_choose_blocks_builds_the_masks_once_per_step():
-    """Within a forward step (StepMeta) every layer's selection shares one set of budget masks;
+    """Within a forward step (StepPlan) every layer's selection shares one set of budget masks;
     the lists equal a selection built without it, and a new step builds them anew."""
     from sketchwalk.engine.method.pipeline import choose_blocks
-    from sketchwalk.engine.method.step import StepMeta
+    from sketchwalk.engine.method.step import StepPlan
 
     cfg = SketchWalkConfig(block_size=16, query_block=32, density=0.3)
     n = 12
     rows, start, end = torch.arange(n), torch.zeros(1, dtype=torch.long), torch.full((1,), 16 * n)
-    step, calls = StepMeta(padded=False), []
+    step, calls = StepPlan.of(torch.ones(1, 16 * n, dtype=torch.bool)), []
     real = select.budget_masks
     for layer in range(3):
         scores = torch.rand(1, 2, n, n, generator=torch.Generator().manual_seed(layer))
@@ -466,5 +466,13 @@ def test_choose_blocks_builds_the_masks_once_per_step():
             "sketchwalk.engine.method.pipeline.budget_masks",
             lambda *a, **k: calls.append("new") or real(*a, **k),
         )
-        choose_blocks(cfg, scores, rows, start, end, n, step=StepMeta(padded=False))
+        choose_blocks(
+            cfg,
+            scores,
+            rows,
+            start,
+            end,
+            n,
+            step=StepPlan.of(torch.ones(1, 16 * n, dtype=torch.bool)),
+        )
     assert calls == [0, "new"]
