@@ -1,7 +1,6 @@
 """`RunRequest`: what one run needs, checked once, the same way for the CLI, the app and workers.
 
-Before this the prompt was checked in three places (the runner, the New run page, the worker)
-with three sets of rules; a request that passed one could fail another. Checks that need only
+One set of rules, so a request that passes one entry point passes every other. Checks that need only
 the request (text, knobs, limits) run when it is built; checks that need the loaded model (token
 count, context, layer indices) run in `check_model`, still before anything is stored.
 """
