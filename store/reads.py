@@ -7,6 +7,7 @@ are fetched as Arrow (the DuckDB fast path) and scattered into dense arrays in n
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -17,10 +18,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from sketchwalk.store import jsonio, schema
-from sketchwalk.store.bulk import fetch_arrow
+from sketchwalk.store.bulk import READ_BATCH_ROWS, fetch_arrow
 from sketchwalk.store.errors import StoreError, UnknownRunError
 from sketchwalk.store.limits import LAST_ROWS_LAYERS, check_view
 
+LABEL_CHARS = 200
+"""Characters of a text read for a label (the figures show at most 60)."""
 RUN_JSON_COLUMNS = ("config", "request", "versions", "metrics", "timings")
 LIST_COLUMNS = (
     "id",
@@ -134,10 +137,14 @@ class ReadsMixin:
             require_run(conn, run_id)
             return fetch_arrow(conn, table, stmt).to_pandas()
 
-    def layer_stats(self, run_id: str, phase: str | None = None) -> pd.DataFrame:
-        """Per (phase, step, layer): densities, errors, timings; q_blocks as lists."""
+    def layer_stats(
+        self, run_id: str, phase: str | None = None, q_blocks: bool = True
+    ) -> pd.DataFrame:
+        """Per (phase, step, layer): densities, errors, timings; q_blocks as lists, or left out
+        (`q_blocks=False`: the pages never use them, and a long run's lists, parsed, cost
+        several times their JSON)."""
         t = schema.layer_stats
-        cols = [c for c in t.columns if c.name != "run_id"]
+        cols = [c for c in t.columns if c.name != "run_id" and (q_blocks or c.name != "q_blocks")]
         stmt = (
             sa.select(*cols)
             .where(t.c.run_id == run_id)
@@ -146,7 +153,8 @@ class ReadsMixin:
         if phase is not None:
             stmt = stmt.where(t.c.phase == phase)
         df = self._frame(run_id, t, stmt)
-        df["q_blocks"] = [jsonio.loads(v) for v in df["q_blocks"]]
+        if q_blocks:
+            df["q_blocks"] = [jsonio.loads(v) for v in df["q_blocks"]]
         return df
 
     def steps(self, run_id: str) -> pd.DataFrame:
@@ -166,10 +174,51 @@ class ReadsMixin:
         stmt = sa.select(*cols).where(t.c.run_id == run_id).order_by(t.c.variant, t.c.position)
         return self._frame(run_id, t, stmt)
 
-    def blocks(self, run_id: str) -> pd.DataFrame:
-        """Key blocks with their token span [token_start, token_end) and text."""
+    def prompt_texts(self, run_id: str, prompt_tokens: int) -> Iterator[list[str]]:
+        """The prompt's token texts (the sparse variant's, position order) in pieces of at most
+        READ_BATCH_ROWS tokens, each read by itself: a needle search holds one piece, however
+        long the prompt. A position the run lacks is left out."""
+        t = schema.tokens
+        with self._connect() as conn:
+            require_run(conn, run_id)
+        for start in range(0, max(int(prompt_tokens), 0), READ_BATCH_ROWS):
+            stop = min(start + READ_BATCH_ROWS, int(prompt_tokens))
+            stmt = (
+                sa.select(t.c.text)
+                .where(
+                    t.c.run_id == run_id,
+                    t.c.variant == "sparse",
+                    t.c.position >= start,
+                    t.c.position < stop,
+                )
+                .order_by(t.c.position)
+            )
+            with self._connect() as conn:
+                yield fetch_arrow(conn, t, stmt).column("text").to_pylist()
+
+    def generated_text(self, run_id: str, limit: int, text_chars: int = LABEL_CHARS) -> list[str]:
+        """The sparse model's first `limit` generated tokens' texts, in order, each cut to
+        `text_chars` characters (labels; the whole generation is the run's sparse_text)."""
+        t = schema.tokens
+        prompt = sa.select(schema.runs.c.prompt_tokens).where(schema.runs.c.id == run_id)
+        stmt = (
+            sa.select(sa.func.substr(t.c.text, 1, int(text_chars)).label("text"))
+            .where(
+                t.c.run_id == run_id,
+                t.c.variant == "sparse",
+                t.c.position >= sa.func.coalesce(prompt.scalar_subquery(), 0),
+            )
+            .order_by(t.c.position)
+            .limit(max(int(limit), 0))
+        )
+        return self._frame(run_id, t, stmt)["text"].tolist()
+
+    def blocks(self, run_id: str, text_chars: int | None = None) -> pd.DataFrame:
+        """Key blocks with their token span [token_start, token_end) and text, whole or cut to
+        `text_chars` characters (a label shows 60: a block's text can be long, 16,384 of them)."""
         t = schema.blocks
-        cols = [c for c in t.columns if c.name != "run_id"]
+        text = t.c.text if text_chars is None else sa.func.substr(t.c.text, 1, int(text_chars))
+        cols = [t.c.block, t.c.token_start, t.c.token_end, text.label("text")]
         stmt = sa.select(*cols).where(t.c.run_id == run_id).order_by(t.c.block)
         return self._frame(run_id, t, stmt)
 
