@@ -24,6 +24,7 @@ from sketchwalk.store.bulk import READ_BATCH_ROWS, fetch_arrow, fetch_batches
 from sketchwalk.store.errors import StoreError, UnknownRunError
 from sketchwalk.store.limits import LAST_ROWS_LAYERS, MAX_BLOCKS, check_records, check_view
 
+_SCORES = ("sketch", "walk", "exact")
 LABEL_CHARS = 200
 """Characters of a text read for a label (the figures show at most 60)."""
 RUN_JSON_COLUMNS = ("config", "request", "versions", "metrics", "timings")
@@ -254,27 +255,38 @@ class ReadsMixin:
         """One layer's block matrices as dense [n, n] arrays indexed [q_block, k_block].
 
         sketch/walk/exact are float32 with NaN where the pair is not causal or was not recorded;
-        selected is bool (False there). q_blocks lists the query blocks that have a row.
+        selected is bool (False there). q_blocks lists the query blocks that have a row. The
+        scores are read in batches straight into the matrices (13 bytes a cell, and one batch).
         """
         t = schema.block_scores
         with self._connect() as conn:
             require_run(conn, run_id)
             n, q_blocks = self._layer_record(conn, run_id, phase, step, layer)
             check_view(n * n, f"layer {layer} ({n} blocks)", _view_max_blocks())
-            data = self._scores(
-                conn, run_id, t.c.phase == phase, t.c.step == int(step), t.c.layer == int(layer)
+            grids = {name: np.full(n * n, np.nan, dtype=np.float32) for name in _SCORES}
+            selected = np.zeros(n * n, dtype=bool)
+            stmt = sa.select(
+                t.c.q_block, t.c.k_block, *(t.c[name] for name in _SCORES), t.c.selected
             )
-        # one flat index for the four scatters: 2D fancy indexing recomputes it each time (at
-        # 2048 blocks, 2M cells a matrix, that was most of a layer's read after the query)
-        flat = data.column("q_block").to_numpy().astype(np.int64) * n
-        flat += data.column("k_block").to_numpy()
+            stmt = stmt.where(
+                t.c.run_id == run_id,
+                t.c.phase == phase,
+                t.c.step == int(step),
+                t.c.layer == int(layer),
+            )
+            with closing(fetch_batches(conn, t, stmt)) as batches:
+                for b in batches:
+                    # one flat index for the four scatters: 2D fancy indexing recomputes it each
+                    # time (at 2048 blocks, 2M cells a matrix, most of a layer's read)
+                    flat = b.column("q_block").to_numpy().astype(np.int64) * n
+                    flat += b.column("k_block").to_numpy()
+                    for name, grid in grids.items():
+                        grid[flat] = _floats(b.column(name))
+                    selected[flat] = (
+                        b.column("selected").fill_null(False).to_numpy(zero_copy_only=False)
+                    )
         out: dict[str, Any] = {"n_blocks": n, "q_blocks": q_blocks}
-        for name in ("sketch", "walk", "exact"):
-            grid = np.full(n * n, np.nan, dtype=np.float32)
-            grid[flat] = _floats(data.column(name))
-            out[name] = grid.reshape(n, n)
-        selected = np.zeros(n * n, dtype=bool)
-        selected[flat] = data.column("selected").fill_null(False).to_numpy(zero_copy_only=False)
+        out.update({name: grid.reshape(n, n) for name, grid in grids.items()})
         out["selected"] = selected.reshape(n, n)
         return out
 
