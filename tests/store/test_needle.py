@@ -106,23 +106,58 @@ def test_needle_spans_stop_at_max_spans():
     assert len(needle_spans(pieces, "x")) == MAX_SPANS
 
 
-def test_last_rows_are_each_records_last_heatmap_row(tmp_path):
+def test_last_rows_are_each_records_last_heatmap_row(store):
     """store.last_rows, read in batches, holds for every record the row the heatmap has at its
     last query block (prefill: the prompt's last block; decode: the new token's row)."""
     from store_fixtures import saved_run
 
-    with open_store(str(tmp_path / "rows.duckdb")) as store:
-        run_id, result = saved_run(store)
-        rows = store.last_rows(run_id)
-        pre = max(int(max(r.q_blocks)) for r in result.layers if r.phase == "prefill")
-        assert len(rows) == len(result.layers)
-        for row, rec in zip(rows, result.layers, strict=True):
-            assert (row["phase"], row["step"], row["layer"]) == (rec.phase, rec.step, rec.layer)
-            q = int(max(rec.q_blocks))
-            assert row["q_block"] == q and row["n_blocks"] == rec.n_blocks
-            hm = store.heatmap(run_id, rec.phase, rec.step, rec.layer)
-            if rec.phase == "prefill" and q != pre:
-                assert np.isnan(row["walk"]).all()
-                continue
-            for name in ("walk", "exact", "selected"):
-                np.testing.assert_array_equal(row[name], hm[name][q], err_msg=name)
+    run_id, result = saved_run(store)
+    rows = store.last_rows(run_id)
+    pre = max(int(max(r.q_blocks)) for r in result.layers if r.phase == "prefill")
+    assert len(rows) == len(result.layers)
+    for row, rec in zip(rows, result.layers, strict=True):
+        assert (row["phase"], row["step"], row["layer"]) == (rec.phase, rec.step, rec.layer)
+        q = int(max(rec.q_blocks))
+        assert row["q_block"] == q and row["n_blocks"] == rec.n_blocks
+        hm = store.heatmap(run_id, rec.phase, rec.step, rec.layer)
+        if rec.phase == "prefill" and q != pre:
+            assert np.isnan(row["walk"]).all()
+            continue
+        for name in ("walk", "exact", "selected"):
+            np.testing.assert_array_equal(row[name], hm[name][q], err_msg=name)
+
+
+def test_batched_reads_match_whole_reads_on_every_backend(store):
+    """fetch_batches (DuckDB's reader, PostgreSQL's COPY parsed as it arrives, a cursor
+    elsewhere) gives the rows fetch_arrow gives, texts with quotes, newlines, commas and empty
+    strings included, in batches of the size asked; the prompt read piece by piece too."""
+    from contextlib import closing
+
+    import pyarrow as pa
+    import sqlalchemy as sa
+    from store_fixtures import saved_run
+
+    from sketchwalk.store import schema
+    from sketchwalk.store.bulk import fetch_arrow, fetch_batches
+
+    run_id, result = saved_run(store)
+    t = schema.tokens
+    texts = ['a "quoted", text', "two\nlines", "", "\r\n", "ünï", ",", '""']
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.update(t)
+            .where(t.c.run_id == run_id, t.c.position < len(texts), t.c.variant == "sparse")
+            .values(text=sa.case(*((t.c.position == i, x) for i, x in enumerate(texts))))
+        )
+    stmt = sa.select(t).where(t.c.run_id == run_id).order_by(t.c.variant, t.c.position)
+    with store.engine.connect() as conn:
+        whole = fetch_arrow(conn, t, stmt)
+        with closing(fetch_batches(conn, t, stmt, rows=7)) as batches:
+            parts = list(batches)
+    assert max(b.num_rows for b in parts) <= 7
+    assert pa.Table.from_batches(parts, whole.schema).equals(whole)
+    prompt = [tok.text for tok in result.tokens if tok.variant == "sparse"][: result.prompt_tokens]
+    prompt[: len(texts)] = texts
+    assert [
+        x for piece in store.prompt_texts(run_id, result.prompt_tokens) for x in piece
+    ] == prompt
