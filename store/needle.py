@@ -179,8 +179,7 @@ def find_needle_in(store: Any, run_id: str, text: str) -> Needle:
     its blocks without their text: memory stays bounded whatever the prompt's length."""
     if not text:
         raise NeedleNotFound("the needle text is empty")
-    prompt_tokens = int(store.get_run(run_id)["prompt_tokens"] or 0)
-    spans = needle_spans(store.prompt_texts(run_id, prompt_tokens), text)
+    spans = needle_spans(store.prompt_texts(run_id), text)
     return _needle(text, spans, store.blocks(run_id, text_chars=0))
 
 

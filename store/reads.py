@@ -177,15 +177,19 @@ class ReadsMixin:
         stmt = sa.select(*cols).where(t.c.run_id == run_id).order_by(t.c.variant, t.c.position)
         return self._frame(run_id, t, stmt)
 
-    def prompt_texts(self, run_id: str, prompt_tokens: int) -> Iterator[list[str]]:
+    def prompt_texts(self, run_id: str) -> Iterator[list[str]]:
         """The prompt's token texts (the sparse variant's, position order) in pieces of at most
         READ_BATCH_ROWS tokens, each read by itself: a needle search holds one piece, however
         long the prompt. A position the run lacks is left out."""
         t = schema.tokens
         with self._connect() as conn:
             require_run(conn, run_id)
-        for start in range(0, max(int(prompt_tokens), 0), READ_BATCH_ROWS):
-            stop = min(start + READ_BATCH_ROWS, int(prompt_tokens))
+            prompt_tokens = conn.execute(
+                sa.select(schema.runs.c.prompt_tokens).where(schema.runs.c.id == run_id)
+            ).scalar()
+        prompt_tokens = int(prompt_tokens or 0)
+        for start in range(0, max(prompt_tokens, 0), READ_BATCH_ROWS):
+            stop = min(start + READ_BATCH_ROWS, prompt_tokens)
             stmt = (
                 sa.select(t.c.text)
                 .where(

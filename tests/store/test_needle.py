@@ -158,6 +158,4 @@ def test_batched_reads_match_whole_reads_on_every_backend(store):
     assert pa.Table.from_batches(parts, whole.schema).equals(whole)
     prompt = [tok.text for tok in result.tokens if tok.variant == "sparse"][: result.prompt_tokens]
     prompt[: len(texts)] = texts
-    assert [
-        x for piece in store.prompt_texts(run_id, result.prompt_tokens) for x in piece
-    ] == prompt
+    assert [x for piece in store.prompt_texts(run_id) for x in piece] == prompt
