@@ -28,6 +28,19 @@ _SCORES = ("sketch", "walk", "exact")
 LABEL_CHARS = 200
 """Characters of a text read for a label (the figures show at most 60)."""
 RUN_JSON_COLUMNS = ("config", "request", "versions", "metrics", "timings")
+RUN_TEXT_COLUMNS = (
+    "prompt",
+    "dense_text",
+    "sparse_text",
+    "error",
+    "model_id",
+    "model_hash",
+    "device",
+)
+RUN_TEXT_CHARS = 1 << 24
+"""Characters of each long runs column that opening a run reads: its texts cut there, a JSON column longer than that left out (None). An honest run's request holds its
+prompt, 1M tokens of a few characters, well under; only an imported row can be longer, and it
+still imports, exports and opens, with what was left out named."""
 LIST_COLUMNS = (
     "id",
     "created_at",
@@ -135,6 +148,50 @@ class ReadsMixin:
             out[name] = jsonio.lenient(out[name])
         return out
 
+    def open_run(self, run_id: str) -> dict[str, Any]:
+        """One run as the pages open it: get_run's columns, but the texts (prompt, generations,
+        error, model, device) cut to RUN_TEXT_CHARS (their lengths in `<name>_chars`) and a JSON column longer than that
+        None (named in `left_out`): a runs row may hold up to the import's cap, 1 GiB. The whole
+        of a text is run_text's, read only where asked."""
+        r = schema.runs
+        long_ = (*RUN_TEXT_COLUMNS, *RUN_JSON_COLUMNS)
+        sizes_of = sa.select(*(sa.func.length(r.c[n]).label(n) for n in long_))
+        with self._connect() as conn:
+            sizes = conn.execute(sizes_of.where(r.c.id == str(run_id))).mappings().first()
+            if sizes is None:
+                raise UnknownRunError(
+                    f"no run with id {run_id!r} in this store (see `sketchwalk runs`)"
+                )
+            keep = [n for n in RUN_JSON_COLUMNS if (sizes[n] or 0) <= RUN_TEXT_CHARS]
+            cols = [c for c in r.columns if c.name not in long_ or c.name in keep]
+            cut = [sa.func.substr(r.c[n], 1, RUN_TEXT_CHARS).label(n) for n in RUN_TEXT_COLUMNS]
+            row = conn.execute(sa.select(*cols, *cut).where(r.c.id == str(run_id))).mappings()
+            out = dict(row.one())
+        for name in RUN_JSON_COLUMNS:
+            out[name] = jsonio.lenient(out[name]) if name in keep else None
+        for name in RUN_TEXT_COLUMNS:
+            out[f"{name}_chars"] = sizes[name]
+        out["left_out"] = [n for n in RUN_JSON_COLUMNS if n not in keep]
+        return out
+
+    def run_text(self, run_id: str, name: str) -> str | None:
+        """One long column of a run, whole (a re-run needs its prompt): read only when asked."""
+        if name not in RUN_TEXT_COLUMNS:
+            raise ValueError(f"{name!r} is not one of {RUN_TEXT_COLUMNS}")
+        r = schema.runs
+        with self._connect() as conn:
+            require_run(conn, run_id)
+            return conn.execute(sa.select(r.c[name]).where(r.c.id == str(run_id))).scalar()
+
+    def same_prompt(self, run_a: str, run_b: str) -> bool:
+        """Whether two runs have one prompt, compared by the database (neither is read)."""
+        a, b = schema.runs.alias("a"), schema.runs.alias("b")
+        stmt = sa.select(sa.func.count()).where(
+            a.c.id == str(run_a), b.c.id == str(run_b), a.c.prompt == b.c.prompt
+        )
+        with self._connect() as conn:
+            return bool(conn.execute(stmt).scalar())
+
     def _frame(self, run_id: str, table: sa.Table, stmt: sa.Select) -> pd.DataFrame:
         with self._connect() as conn:
             require_run(conn, run_id)
@@ -170,12 +227,88 @@ class ReadsMixin:
         )
         return self._frame(run_id, t, stmt)
 
-    def tokens(self, run_id: str) -> pd.DataFrame:
-        """Tokens of both variants (dense, sparse) in position order."""
+    def tokens(
+        self,
+        run_id: str,
+        start: int | None = None,
+        stop: int | None = None,
+        variant: str | None = None,
+        text_chars: int | None = None,
+    ) -> pd.DataFrame:
+        """Tokens of both variants (dense, sparse) in position order; or only those of
+        `variant`, at positions in [start, stop), text cut to `text_chars`: a page reads the
+        window it shows (a run may hold 2M tokens of 1,024 characters)."""
         t = schema.tokens
-        cols = [c for c in t.columns if c.name != "run_id"]
-        stmt = sa.select(*cols).where(t.c.run_id == run_id).order_by(t.c.variant, t.c.position)
+        cols = [
+            sa.func.substr(c, 1, int(text_chars)).label("text")
+            if c.name == "text" and text_chars is not None
+            else c
+            for c in t.columns
+            if c.name != "run_id"
+        ]
+        where = [t.c.run_id == run_id]
+        if variant is not None:
+            where.append(t.c.variant == variant)
+        if start is not None:
+            where.append(t.c.position >= int(start))
+        if stop is not None:
+            where.append(t.c.position < int(stop))
+        stmt = sa.select(*cols).where(*where).order_by(t.c.variant, t.c.position)
         return self._frame(run_id, t, stmt)
+
+    def token_texts(
+        self, run_id: str, positions: list[int], text_chars: int = LABEL_CHARS
+    ) -> dict[int, str]:
+        """The sparse model's text at each of `positions` (a drill-down's few source tokens),
+        cut to `text_chars`; a position the run lacks is left out."""
+        t = schema.tokens
+        wanted = sorted({int(p) for p in positions})
+        out: dict[int, str] = {}
+        with self._connect() as conn:
+            require_run(conn, run_id)
+            for at in range(0, len(wanted), 500):  # bounded IN lists
+                stmt = sa.select(
+                    t.c.position, sa.func.substr(t.c.text, 1, int(text_chars)).label("text")
+                ).where(
+                    t.c.run_id == run_id,
+                    t.c.variant == "sparse",
+                    t.c.position.in_(wanted[at : at + 500]),
+                )
+                out.update((int(p), str(x)) for p, x in conn.execute(stmt))
+        return out
+
+    def worst_tokens(self, run_id: str, k: int = 10, text_chars: int = LABEL_CHARS) -> pd.DataFrame:
+        """The k prompt tokens (sparse variant) of highest KL, highest first, ties by position,
+        as tokens() rows with text cut to `text_chars`: the KL is read in batches, numbers
+        only, keeping the best k, and then those k rows alone."""
+        t = schema.tokens
+        with self._connect() as conn:
+            require_run(conn, run_id)
+            prompt_tokens = conn.execute(
+                sa.select(schema.runs.c.prompt_tokens).where(schema.runs.c.id == run_id)
+            ).scalar()
+            stmt = sa.select(t.c.position, t.c.kl).where(
+                t.c.run_id == run_id,
+                t.c.variant == "sparse",
+                t.c.position < int(prompt_tokens or 0),
+                t.c.kl.isnot(None),
+            )
+            pos, kl = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+            with closing(fetch_batches(conn, t, stmt)) as batches:
+                for b in batches:
+                    pos = np.concatenate([pos, b.column("position").to_numpy().astype(np.int64)])
+                    kl = np.concatenate([kl, _floats(b.column("kl")).astype(np.float64)])
+                    pos, kl = top_k(pos, kl, k)
+        rows = self.tokens(run_id, 0, 0, "sparse", text_chars)  # none: the columns
+        if pos.size:
+            rows = pd.concat(
+                [
+                    self.tokens(run_id, int(p), int(p) + 1, "sparse", text_chars)
+                    for p in pos.tolist()
+                ],
+                ignore_index=True,
+            )
+        return rows.reset_index(drop=True)
 
     def prompt_texts(self, run_id: str) -> Iterator[list[str]]:
         """The prompt's token texts (the sparse variant's, position order) in pieces of at most
@@ -298,7 +431,8 @@ class ReadsMixin:
         """A layer's decode steps stacked: [steps, n] arrays for the token x block view.
 
         Row s is the query row of decode step steps[s] (its block in q_blocks[s]); the width is
-        the largest block count, later blocks NaN/False in earlier steps.
+        the largest block count, later blocks NaN/False in earlier steps. The scores are read
+        in batches and only each record's last row kept (a record may hold other rows).
         """
         t = schema.block_scores
         ls = schema.layer_stats
@@ -311,27 +445,30 @@ class ReadsMixin:
             ).all()
             width = max((int(r[1]) for r in recs), default=0)
             check_view(len(recs) * width, f"layer {layer}'s decode rows", _view_max_blocks())
-            data = self._scores(conn, run_id, t.c.phase == "decode", t.c.layer == int(layer))
-        steps = np.array([r[0] for r in recs], dtype=np.int64)
-        n_blocks = np.array([r[1] for r in recs], dtype=np.int64)
-        last_q = np.array([max(jsonio.loads(r[2]), default=-1) for r in recs], dtype=np.int64)
-        width = int(n_blocks.max()) if n_blocks.size else 0
+            steps = np.array([r[0] for r in recs], dtype=np.int64)
+            n_blocks = np.array([r[1] for r in recs], dtype=np.int64)
+            last_q = np.array([max(jsonio.loads(r[2]), default=-1) for r in recs], dtype=np.int64)
+            grids = {name: np.full(steps.size * width, np.nan, np.float32) for name in _SCORES}
+            selected = np.zeros(steps.size * width, dtype=bool)
+            stmt = sa.select(
+                t.c.step, t.c.q_block, t.c.k_block, *(t.c[name] for name in _SCORES), t.c.selected
+            ).where(
+                t.c.run_id == run_id,
+                t.c.phase == "decode",
+                t.c.layer == int(layer),
+                t.c.q_block >= (int(last_q.min()) if last_q.size else 0),
+            )
+            with closing(fetch_batches(conn, t, stmt)) as batches:
+                for b in batches if steps.size else ():
+                    row, k, keep = _decode_keep(b, steps, n_blocks, last_q)
+                    flat = row[keep] * width + k[keep]
+                    for name, grid in grids.items():
+                        grid[flat] = _floats(b.column(name))[keep]
+                    sel = b.column("selected").fill_null(False).to_numpy(zero_copy_only=False)
+                    selected[flat] = sel[keep]
         out: dict[str, Any] = {"steps": steps, "n_blocks": n_blocks, "q_blocks": last_q}
-        step_col = data.column("step").to_numpy().astype(np.int64)
-        q_col = data.column("q_block").to_numpy()
-        row = np.searchsorted(steps, step_col)
-        keep = (row < steps.size) & (steps[np.minimum(row, max(steps.size - 1, 0))] == step_col)
-        keep &= q_col == last_q[np.minimum(row, max(last_q.size - 1, 0))]
-        row, cols = row[keep], data.column("k_block").to_numpy()[keep]
-        for name in ("sketch", "walk", "exact"):
-            grid = np.full((steps.size, width), np.nan, dtype=np.float32)
-            grid[row, cols] = _floats(data.column(name))[keep]
-            out[name] = grid
-        selected = np.zeros((steps.size, width), dtype=bool)
-        selected[row, cols] = (
-            data.column("selected").fill_null(False).to_numpy(zero_copy_only=False)[keep]
-        )
-        out["selected"] = selected
+        out.update({name: grid.reshape(steps.size, width) for name, grid in grids.items()})
+        out["selected"] = selected.reshape(steps.size, width)
         return out
 
     def last_rows(self, run_id: str) -> list[dict[str, Any]]:
@@ -477,6 +614,28 @@ _NAN.flags.writeable = False
 _FALSE = np.zeros(MAX_BLOCKS, dtype=bool)
 _FALSE.flags.writeable = False
 """Rows of records with no scores there share these (read-only) instead of their own."""
+
+
+def _decode_keep(
+    b: pa.Table, steps: np.ndarray, n_blocks: np.ndarray, last_q: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For a batch of decode scores: each row's record (index into steps), its key block, and
+    whether it is its record's last row within the record's blocks."""
+    step = b.column("step").to_numpy(zero_copy_only=False).astype(np.int64)
+    row = np.minimum(np.searchsorted(steps, step), steps.size - 1)
+    q = b.column("q_block").to_numpy(zero_copy_only=False).astype(np.int64)
+    k = b.column("k_block").to_numpy(zero_copy_only=False).astype(np.int64)
+    keep = (steps[row] == step) & (q == last_q[row]) & (k >= 0) & (k < n_blocks[row])
+    return row, k, keep
+
+
+def top_k(pos: np.ndarray, kl: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k positions of highest finite KL and their KL, highest first, ties by position (as
+    a stable sort of position-ordered rows gives): what a batch keeps of the ones before."""
+    finite = np.isfinite(kl)
+    pos, kl = pos[finite], kl[finite]
+    order = np.lexsort((pos, -kl))[: max(int(k), 0)]
+    return pos[order], kl[order]
 
 
 def _view_max_blocks() -> int:
