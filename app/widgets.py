@@ -225,8 +225,23 @@ def needle(url: str, run_id: str, text: str) -> Needle:
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def tokens(url: str, run_id: str) -> pd.DataFrame:
-    return _store(url).tokens(run_id)
+def token_window(
+    url: str, run_id: str, start: int, stop: int, variant: str | None = None
+) -> pd.DataFrame:
+    """The tokens a view shows: positions [start, stop), one variant or both, label text."""
+    return _store(url).tokens(run_id, start, stop, variant, text_chars=LABEL_CHARS)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def worst_tokens(url: str, run_id: str, k: int = 10) -> pd.DataFrame:
+    """The k prompt tokens of highest KL (the drill-down's choices), read by themselves."""
+    return _store(url).worst_tokens(run_id, k)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def token_texts(url: str, run_id: str, positions: tuple[int, ...]) -> dict[int, str]:
+    """The sparse model's label text at a few positions (a drill-down's source tokens)."""
+    return _store(url).token_texts(run_id, list(positions))
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -236,7 +251,24 @@ def last_rows(url: str, run_id: str) -> list[dict[str, Any]]:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def run_meta(url: str, run_id: str) -> dict[str, Any]:
-    return _store(url).get_run(run_id)
+    """A run as pages open it (store.open_run): long texts cut, over-long JSON left out."""
+    return _store(url).open_run(run_id)
+
+
+def whole_prompt(run: dict[str, Any]) -> str:
+    """The run's prompt whole (a re-run needs it): run_meta cut a long one, so read it then."""
+    prompt = run.get("prompt") or ""
+    if (run.get("prompt_chars") or 0) > len(prompt):
+        return get_store().run_text(run["id"], "prompt") or ""
+    return prompt
+
+
+def cut_note(run: dict[str, Any], name: str) -> str | None:
+    """One line saying a text shown was cut (open_run reads RUN_TEXT_CHARS of it), else None."""
+    total, shown = run.get(f"{name}_chars") or 0, len(run.get(name) or "")
+    if total <= shown:
+        return None
+    return f"The first {shown:,} of its {total:,} characters: export the run for all of it."
 
 
 def clear_caches() -> None:
@@ -246,7 +278,9 @@ def clear_caches() -> None:
         decode_rows,
         layer_stats,
         blocks,
-        tokens,
+        token_window,
+        worst_tokens,
+        token_texts,
         generated,
         needle,
         run_meta,
@@ -355,7 +389,7 @@ def query_layers(
         req = run.get("request") or {}
         cfg = SketchWalkConfig.from_stored(run.get("config") or {})
         lm = _probe_model(req.get("model") or run.get("model_id"), req.get("dtype") or "float32")
-        layers = probe_queries(lm, run["prompt"], cfg, [int(position)], progress=progress)
+        layers = probe_queries(lm, whole_prompt(run), cfg, [int(position)], progress=progress)
         done[key] = layers
         while len(done) > 32:
             done.popitem(last=False)
@@ -466,7 +500,7 @@ def rerun_request(run: dict[str, Any], **config_changes: Any) -> dict[str, Any]:
         )
     }
     return make_request(
-        run["prompt"],
+        whole_prompt(run),
         cfg,
         model=req.get("model") or run.get("model_id"),
         max_new_tokens=int(req.get("max_new_tokens", 32)),

@@ -59,6 +59,7 @@ from sketchwalk.app.figures.tiles import MAX_SIDE, View, aggregate, plan_view, v
 from sketchwalk.app.figures.tokens import (
     decode_figure,
     kl_strip,
+    strip_span,
     token_choice_labels,
     token_table,
     worst_tokens,
@@ -113,6 +114,7 @@ __all__ = [
     "selection_rule",
     "speedups",
     "stage_figure",
+    "strip_span",
     "sweep_figure",
     "token_choice_labels",
     "token_table",

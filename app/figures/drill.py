@@ -8,7 +8,7 @@ probe_queries); token texts come from the store and are escaped before they reac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -69,7 +69,7 @@ def dropped_figure(layers: Sequence[Any], position: int) -> go.Figure:
     return fig
 
 
-def top_sources_figure(ql: Any, texts: Sequence[str], title: str | None = None) -> go.Figure:
+def top_sources_figure(ql: Any, texts: Mapping[int, str], title: str | None = None) -> go.Figure:
     """Heads x rank: the query's top source tokens in one layer, colour = attention weight, the
     token's text in the cell; sources in dropped blocks are marked ✗ (the sparse model never
     read them)."""
@@ -80,7 +80,7 @@ def top_sources_figure(ql: Any, texts: Sequence[str], title: str | None = None) 
     hover = np.full((heads, k), "", dtype=object)
     for h, row in enumerate(ql.top):
         for r, (pos, w, kept) in enumerate(row):
-            tok = escape_text(texts[pos] if 0 <= pos < len(texts) else "", 14)
+            tok = escape_text(texts.get(pos, ""), 14)
             mark = "" if kept else "✗ "
             z[h, r] = w
             cells[h, r] = f"{mark}{tok}"

@@ -88,6 +88,17 @@ MAX_BARS = 160
 """Bars shown at once: at least 3 px each in the ~560 px a full-width chart gets at 1024 px."""
 
 
+STRIP_TOKENS = 1 << 14
+"""Positions the KL strip reads, around the prompt token of highest KL: its range slider moves
+within them (a run may hold 1M positions; the strip opens on MAX_BARS of them anyway)."""
+
+
+def strip_span(centre: int, size: int = STRIP_TOKENS) -> tuple[int, int]:
+    """The positions [start, stop) the KL strip reads: `size` of them around `centre`."""
+    start = max(int(centre) - size // 2, 0)
+    return start, start + size
+
+
 def kl_window(
     pos: np.ndarray, kl: np.ndarray, prompt_tokens: int, max_bars: int = MAX_BARS
 ) -> tuple[float, float]:

@@ -49,30 +49,36 @@ mode = st.radio(
 )
 
 
-def _tokens(rid: str) -> pd.DataFrame:
-    return widgets.tokens(url, rid)
+def _generated(rid: str, variant: str | None = None) -> pd.DataFrame:
+    """A run's generated tokens (from position n on), at most GENERATED_LABELS of each."""
+    return widgets.token_window(url, rid, n, n + widgets.GENERATED_LABELS, variant)
 
 
-toks = _tokens(run_id)
 if mode == "its dense generation" or not other_ids:
     left_title, right_title = "Dense", f"Sparse ({run.get('method')})"
     left_text, right_text = run.get("dense_text") or "", run.get("sparse_text") or ""
-    table = figures.token_table(toks, n)
+    left_cut, right_cut = widgets.cut_note(run, "dense_text"), widgets.cut_note(run, "sparse_text")
+    gen = _generated(run_id)
+    table = figures.token_table(gen, n)
     table = table.rename(columns={"dense": left_title, "sparse": right_title})
 else:
     other = st.selectbox(
         "Other run", other_ids, format_func=lambda i: labels.get(i, i), key="cmp_other"
     )
     orun = widgets.run_meta(url, other)
-    if orun.get("prompt") != run.get("prompt"):
+    if not store.same_prompt(run_id, other):
         st.warning(
             "The two runs have different prompts: their generations are not comparable token by token."
         )
     left_title, right_title = f"A: {labels[run_id]}", f"B: {labels[other]}"
     left_text, right_text = run.get("sparse_text") or "", orun.get("sparse_text") or ""
-    a = toks[toks["variant"] == "sparse"].assign(variant="dense")
-    b = _tokens(other)
-    b = b[b["variant"] == "sparse"]
+    left_cut, right_cut = (
+        widgets.cut_note(run, "sparse_text"),
+        widgets.cut_note(orun, "sparse_text"),
+    )
+    gen = _generated(run_id, "sparse")
+    a = gen.assign(variant="dense")
+    b = _generated(other, "sparse")
     table = figures.token_table(pd.concat([a, b]), n)
     table = table.rename(columns={"dense": "A", "sparse": "B", "kl": "kl (B)"})
     if st.button("Diff the two runs' masks, layer by layer", key="btn_cmp_diff"):
@@ -80,12 +86,15 @@ else:
         st.switch_page("pages/mask_diff.py")
 
 c1, c2 = st.columns(2)
-with c1:
-    st.caption(left_title)  # labels are ids and numbers, never prompt text
-    st.text(left_text)
-with c2:
-    st.caption(right_title)
-    st.text(right_text)
+for col, title, text, cut in (
+    (c1, left_title, left_text, left_cut),
+    (c2, right_title, right_text, right_cut),
+):
+    with col:
+        st.caption(title)  # labels are ids and numbers, never prompt text
+        st.text(text)
+        if cut:
+            st.caption(cut)
 
 first = table.index[table["diverged"]].min() if table["diverged"].any() else None
 st.caption(
@@ -102,8 +111,7 @@ def _highlight(row: pd.Series) -> list[str]:
 
 
 st.dataframe(table.style.apply(_highlight, axis=1), hide_index=True, key="cmp_table")
-if len(toks) and int(toks["position"].max()) >= n and left_title == "Dense":
-    gen = toks[toks["position"] >= n]
+if len(gen) and left_title == "Dense":
     for variant, name in (("dense", "dense"), ("sparse", "sparse")):
         ids = gen[gen["variant"] == variant]
         if len(ids) < int((run.get("request") or {}).get("max_new_tokens", 0) or 0):
@@ -114,13 +122,14 @@ if len(toks) and int(toks["position"].max()) >= n and left_title == "Dense":
 
 # ---- from a bad token to its cause ---------------------------------------------------------
 st.subheader("From a bad token to its cause")
+worst = widgets.worst_tokens(url, run_id)
+centre = int(worst["position"].iloc[0]) if len(worst) else 0
 strip = st.plotly_chart(
-    figures.kl_strip(toks, n),
+    figures.kl_strip(widgets.token_window(url, run_id, *figures.strip_span(centre), "sparse"), n),
     key="cmp_kl",
     on_select="rerun",
     selection_mode="points",
 )
-worst = figures.worst_tokens(toks, n)
 if worst.empty:
     st.caption("No prompt token has a KL to explain in this run.")
     st.stop()
@@ -141,7 +150,12 @@ asked = st.session_state.get("cmp_query")
 asked = int(asked) if isinstance(asked, int | np.integer) else -1  # a stale label is no token
 choices = list(dict.fromkeys([*(int(p) for p in worst["position"]), asked]))
 choices = [c for c in choices if 0 < c < n]
-labels_q = figures.token_choice_labels(toks, choices)
+shown = [worst] + (
+    []
+    if asked in worst["position"].tolist() or not 0 < asked < n
+    else [widgets.token_window(url, run_id, asked, asked + 1, "sparse")]
+)
+labels_q = figures.token_choice_labels(pd.concat(shown), choices)
 if st.session_state.get("cmp_query") not in choices:
     st.session_state["cmp_query"] = choices[0]
 q1, q2 = st.columns([2, 1], vertical_alignment="bottom")

@@ -105,6 +105,8 @@ widgets.verdict_panel(run, stats, "ex")
 
 with st.expander("Prompt (as text)"):
     st.text(run["prompt"])
+    if widgets.cut_note(run, "prompt"):
+        st.caption(widgets.cut_note(run, "prompt"))
 
 if stats.empty:  # nothing below can be drawn without per-layer records
     st.warning(
@@ -442,8 +444,7 @@ def query_panel(run: dict, position: int, layer: int, row: int) -> None:
     if ql is None:
         st.caption(f"No prefill record of layer {layer} for token t{position}.")
         return
-    toks = widgets.tokens(url, run_id)
-    texts = toks[toks["variant"] == "sparse"].sort_values("position")["text"].tolist()
+    texts = widgets.token_texts(url, run_id, tuple(p for row in ql.top for p, _, _ in row))
     dropped = (
         "a dense layer: nothing dropped"
         if ql.dense

@@ -37,7 +37,7 @@ with c2:
     b_id = st.selectbox("Run B", rest, key="df_b", format_func=lambda i: labels.get(i, i))
 
 ra, rb = widgets.run_meta(url, a_id), widgets.run_meta(url, b_id)
-if ra.get("prompt") != rb.get("prompt"):
+if not store.same_prompt(a_id, b_id):
     st.warning(
         "The two runs have different prompts: their masks cannot be compared block by block."
     )
