@@ -8,7 +8,9 @@ small on disk, large once inflated (zip level) or decoded (Parquet level). Each 
   search reads) with one pass-key sentence in its middle (NEEDLE);
 - near-cap-scores: block_scores just under the decoded cap: two prefill layers of the widest
   the explorer draws (4,096 blocks), the first whole (8.4M causal pairs), with their blocks and
-  16,384 prompt tokens.
+  16,384 prompt tokens;
+- near-cap-run: the runs row near the decoded cap: its prompt, generations, other texts and
+  JSON objects (padded) of RUN_CHARS characters each.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ NEEDLE = "The pass key is 31415. Remember it."
 """The one sentence of near-cap-prompt's prompt that is not padding (token rows // 2)."""
 WIDE = 4096
 """Key blocks of each layer of near-cap-scores (Settings.view_max_blocks, the widest drawn)."""
+RUN_CHARS = 20_000_000
+"""Characters of each of near-cap-run's eleven text columns: ~840 MiB decoded (DuckDB cannot
+import one value much over 200 MB under its streaming memory limit, store/bulk.py)."""
+RUN_TEXTS = ("prompt", "dense_text", "sparse_text", "error", "model_hash", "device")
+RUN_JSON = ("config", "request", "versions", "metrics", "timings")
 SECOND_ROWS = 3033
 """Query blocks of near-cap-scores' second layer: 12.99M block_scores rows in all, ~980 MiB."""
 
@@ -156,14 +163,35 @@ def _score_batch(run_id: str, layer: int, q0: int, q1: int) -> pa.Table:
     )
 
 
+def _run_row(folder: Path) -> None:
+    """near-cap-run's runs file: one row whose text columns hold RUN_CHARS characters each
+    (JSON objects padded to that; the prompt with NEEDLE in its middle)."""
+    runs = pq.read_table(folder / "runs.parquet")
+    half = "x" * (RUN_CHARS // 2)
+    texts = {name: name[0] * RUN_CHARS for name in RUN_TEXTS}
+    texts["prompt"] = half[: -len(NEEDLE)] + NEEDLE + half
+    for name in RUN_JSON:
+        value = json.loads(runs[name][0].as_py() or "{}")
+        value["pad"] = ""
+        plain = json.dumps(value)
+        texts[name] = plain.replace('"pad": ""', f'"pad": "{"p" * (RUN_CHARS - len(plain))}"')
+    for name, text in texts.items():
+        at = runs.schema.get_field_index(name)
+        runs = runs.set_column(at, name, pa.array([text], pa.string()))
+    pq.write_table(runs, folder / "runs.parquet")
+
+
 def build(shape: str, export_dir: Path, work: Path) -> Path:
     """The zip of `shape` (see the module doc), from `export_dir`, under `work`."""
     folder = work / shape
     shutil.copytree(export_dir, folder)
     run_id = pq.read_table(folder / "runs.parquet")["id"][0].as_py()
-    rows = {"tokens": ROWS[shape]}
+    rows = {"tokens": ROWS.get(shape, 0)}
     if shape == "near-cap-scores":
         rows = _scores(run_id, folder)
+    elif shape == "near-cap-run":
+        rows = {"runs": 1}
+        _run_row(folder)
     elif shape == "near-cap-prompt":
         _tokens(run_id, rows["tokens"], False, folder / "tokens.parquet", "sparse", needle=True)
         runs = pq.read_table(folder / "runs.parquet")

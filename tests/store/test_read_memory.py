@@ -1,6 +1,7 @@
 """Peak memory of reading a run that was imported near the caps (tests/import_bombs.py):
-`sketchwalk trace`, `sketchwalk export` (folder and zip) and the reads Explore makes to show one
-layer, each measured in a child process against the bound the README states."""
+`sketchwalk trace`, `sketchwalk export` (folder and zip), the reads Explore makes to show one
+layer, its decode tokens and a drill-down's tokens, Compare's reads, and opening a run whose
+row is near the cap, each measured in a child process against the bound the README states."""
 
 from __future__ import annotations
 
@@ -39,16 +40,79 @@ print(len(steps), hm["n_blocks"])
 """
 """What explore.py reads to open a run at its first layer with a needle (widgets.py's reads)."""
 
+COMPARE = """
+import sys
+import pandas as pd
+from sketchwalk.app import figures
+from sketchwalk.store import open_store
+
+db, run_id = sys.argv[1:3]
+with open_store(db) as store:
+    run = store.open_run(run_id)
+    n = int(run["prompt_tokens"] or 0)
+    gen = store.tokens(run_id, n, n + (1 << 16), text_chars=200)  # widgets.GENERATED_LABELS
+    table = figures.token_table(gen, n)
+    worst = store.worst_tokens(run_id)
+    centre = int(worst["position"].iloc[0]) if len(worst) else n // 2
+    window = store.tokens(run_id, *figures.strip_span(centre), "sparse", 200)
+    strip = figures.kl_strip(window, n)
+    asked = store.tokens(run_id, n // 2, n // 2 + 1, "sparse", 200)
+    labels = figures.token_choice_labels(pd.concat([worst, asked]), [n // 2])
+print(len(table), len(window), labels)
+"""
+"""What compare.py reads: the run, its generations' table, the KL strip and the token choices."""
+
+DRILL = """
+import sys
+from sketchwalk.store import open_store
+
+db, run_id = sys.argv[1:3]
+with open_store(db) as store:
+    n = int(store.open_run(run_id)["prompt_tokens"] or 0)
+    sources = [p * n // 320 for p in range(320)]  # 32 heads x 10 top sources
+    texts = store.token_texts(run_id, sources)
+print(len(texts))
+"""
+"""What Explore's drill-down panel reads for a token: its source tokens' texts (the re-run of
+the prefill that finds them needs a model and is not measured here)."""
+
+DECODE = """
+import sys
+from sketchwalk.store import open_store
+
+db, run_id = sys.argv[1:3]
+with open_store(db) as store:
+    run = store.open_run(run_id)
+    steps = store.steps(run_id)
+    layer = int(steps.loc[steps["phase"] == "decode", "layer"].iloc[0])
+    rows = store.decode_rows(run_id, layer)
+    asked = int((run["request"] or {}).get("max_new_tokens", 0) or 0)
+    gen = store.generated_text(run_id, max(asked, len(rows["steps"])))
+print(len(rows["steps"]), len(gen))
+"""
+"""What Explore's "Decode tokens" view reads for one layer."""
+
+OPEN = """
+import sys
+from sketchwalk.store import open_store
+
+db, run_id = sys.argv[1:3]
+with open_store(db) as store:
+    run = store.open_run(run_id)
+print(len(run["prompt"]), run["prompt_chars"], ",".join(run["left_out"]))
+"""
+"""What every page reads to open a run (widgets.run_meta)."""
+
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory) -> dict[str, tuple[str, str]]:
-    """Each shape imported into its own store: shape -> (database path, run id)."""
+    """Each shape (and near-cap-run) imported into its own store: shape -> (database, run)."""
     work = tmp_path_factory.mktemp("near-cap-reads")
     with open_store(str(work / "src.duckdb")) as src:
         run_id, _ = saved_run(src)
         src.export_parquet([run_id], work / "export")
     out = {}
-    for shape in SHAPES:
+    for shape in (*SHAPES, "near-cap-run"):
         db = work / f"{shape}.duckdb"
         zipped = build(shape, work / "export", work)
         done = subprocess.run(
@@ -139,3 +203,30 @@ def test_explore_layer_read_peak_memory(imported, shape):
     print(f"explore {shape}: peak {most} MiB")
     assert out.returncode == 0, out.stderr
     assert most <= BOUND_MIB, (shape, most)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("script", [COMPARE, DRILL, DECODE], ids=["compare", "drill", "decode"])
+def test_page_token_reads_peak_memory(imported, script):
+    db, run_id = imported["near-cap-prompt"]
+    out, most = peak([sys.executable, "-c", script, db, run_id])
+    print(f"page reads near-cap-prompt: peak {most} MiB")
+    assert out.returncode == 0, out.stderr
+    assert most <= BOUND_MIB, most
+
+
+@pytest.mark.heavy
+def test_open_run_peak_memory(imported):
+    from import_bombs import RUN_CHARS
+
+    from sketchwalk.store.reads import RUN_TEXT_CHARS
+
+    db, run_id = imported["near-cap-run"]
+    out, most = peak([sys.executable, "-c", OPEN, db, run_id])
+    print(f"open near-cap-run: peak {most} MiB")
+    assert out.returncode == 0, out.stderr
+    assert most <= BOUND_MIB, most
+    with open_store(db) as store:  # what it left out, and said so
+        run = store.open_run(run_id)
+    assert len(run["prompt"]) == RUN_TEXT_CHARS < run["prompt_chars"] == RUN_CHARS
+    assert run["left_out"] == ["config", "request", "versions", "metrics", "timings"]
