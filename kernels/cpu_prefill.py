@@ -43,8 +43,9 @@ _WHOLE_ROWS_MAX_KEYS = 4096  # up to here a row's blocks are one gathered call (
 
 
 @dataclass
-class _Plan:
-    """Cleaned index lists split into interior (unmasked) and edge (masked) blocks, per row."""
+class _RowBlocks:
+    """Each row's visible key blocks (cleaned of invisible, out-of-range and duplicate ids), split
+    into interior blocks (no mask needed) and edge blocks (masked)."""
 
     interior: torch.Tensor  # [R, K] long, sorted, valid up to interior_count
     interior_count: torch.Tensor  # [R]
@@ -59,7 +60,7 @@ def _compact(idx: torch.Tensor, keep: torch.Tensor, fill: int) -> tuple[torch.Te
     return ids, keep.sum(-1)
 
 
-def _plan(
+def _row_blocks(
     block_index: torch.Tensor,
     block_count: torch.Tensor,
     b: int,
@@ -68,7 +69,7 @@ def _plan(
     causal: bool,
     seq_start: torch.Tensor | None,
     tile: int,
-) -> _Plan:
+) -> _RowBlocks:
     """Drop invisible, out-of-range and duplicate blocks; split the rest into interior and edge.
 
     Row i is the query tile [i * tile, (i + 1) * tile) (tile: a multiple of the key block b)."""
@@ -115,7 +116,7 @@ def _plan(
         plain = (edge_count == n_diag) & (first == diag) & (last[..., 0] == diag + n_diag - 1)
         plain &= first * b >= ss[..., 0]
     r = bsz * g * nq
-    return _Plan(
+    return _RowBlocks(
         int_ids.reshape(r, -1),
         int_count.reshape(r),
         edge_ids.reshape(r, -1),
@@ -355,8 +356,8 @@ def _prefill(
     off = lk - lq
     r_tile = qt // b  # key blocks per query tile
 
-    plan = _plan(block_index.cpu(), block_count.cpu(), b, lq, lk, causal, seq_start, qt)
-    runs = _runs(plan.interior, plan.interior_count, g, nq, r_tile)
+    blocks = _row_blocks(block_index.cpu(), block_count.cpu(), b, lq, lk, causal, seq_start, qt)
+    runs = _runs(blocks.interior, blocks.interior_count, g, nq, r_tile)
     dt = q.dtype
     if nq * tq != lq or not q.is_contiguous():  # one copy: padded to whole tiles, contiguous
         qp = q.new_empty(bsz, h, nq * tq, d)
@@ -413,12 +414,12 @@ def _prefill(
     # save (docs/notes/speed-log.md). Rows whose diagonal blocks are not all listed, whole and aligned (a
     # partial last tile, padding) take the pieces below.
     whole = torch.zeros(r_all, dtype=torch.bool)
-    if causal and lk <= _WHOLE_ROWS_MAX_KEYS and plan.edge.shape[1] >= r_tile:
-        whole = plan.plain & (off + (r_i + 1) * qt <= lk)  # a whole tile: r_tile whole blocks
-        diag = plan.edge[:, :r_tile]
-        at = plan.interior_count[:, None] + torch.arange(r_tile)
-        ids = torch.cat([plan.interior, diag], 1).scatter_(1, at, diag)
-        gathered(ids, (plan.interior_count + r_tile) * whole, diagonal=True)
+    if causal and lk <= _WHOLE_ROWS_MAX_KEYS and blocks.edge.shape[1] >= r_tile:
+        whole = blocks.plain & (off + (r_i + 1) * qt <= lk)  # a whole tile: r_tile whole blocks
+        diag = blocks.edge[:, :r_tile]
+        at = blocks.interior_count[:, None] + torch.arange(r_tile)
+        ids = torch.cat([blocks.interior, diag], 1).scatter_(1, at, diag)
+        gathered(ids, (blocks.interior_count + r_tile) * whole, diagonal=True)
 
     # Scattered middle blocks: gathered, one call per block count. First, so that their
     # scattered rows are written once (index_copy_) rather than read, merged and written back;
@@ -430,7 +431,7 @@ def _prefill(
     # ends at an aligned diagonal, the diagonal joins the view under one broadcast triangle mask.
     has = (runs.suffix > 0) & ~whole
     start_blk = runs.suffix_end - runs.suffix
-    fused = has & plan.plain & (runs.suffix_end * b == off + r_i * qt)
+    fused = has & blocks.plain & (runs.suffix_end * b == off + r_i * qt)
     fused &= (runs.suffix_end + r_tile) * b <= lk  # the view may not run past the keys
     wkey = torch.stack([r_b * g + r_g, runs.suffix, start_blk - r_i * r_tile, fused.long()], 1)
     wkey = wkey[has]
@@ -439,26 +440,26 @@ def _prefill(
         _, inv = torch.unique(wkey, dim=0, return_inverse=True)
         for u in torch.unique(inv).tolist():
             for rows in _consecutive(rows_has[inv == u]):
-                n, blocks = rows.numel(), int(runs.suffix[rows[0]])
+                n, n_blocks = rows.numel(), int(runs.suffix[rows[0]])
                 tok = int(kv_tok[rows[0]]) + int(start_blk[rows[0]]) * b
                 tail = bool(fused[rows[0]])
                 if tail:
-                    blocks += r_tile
-                kg = view(k_tok, n, qt, tok, blocks * b)
-                attend_rows(rows, kg, view(v_tok, n, qt, tok, blocks * b), tail=tail)
+                    n_blocks += r_tile
+                kg = view(k_tok, n, qt, tok, n_blocks * b)
+                attend_rows(rows, kg, view(v_tok, n, qt, tok, n_blocks * b), tail=tail)
 
     # Edge: blocks that need a mask and were not fused above, all rows in one call.
-    rows = torch.nonzero((plan.edge_count > 0) & ~fused & ~whole).squeeze(1)
+    rows = torch.nonzero((blocks.edge_count > 0) & ~fused & ~whole).squeeze(1)
     if rows.numel():
-        n, e = rows.numel(), plan.edge.shape[1]
-        ids = plan.edge[rows]  # [n, e]
+        n, e = rows.numel(), blocks.edge.shape[1]
+        ids = blocks.edge[rows]  # [n, e]
         kpos = (ids.unsqueeze(-1) * b + torch.arange(b)).reshape(n, e * b)
-        dead = torch.arange(e).unsqueeze(0) >= plan.edge_count[rows].unsqueeze(1)
+        dead = torch.arange(e).unsqueeze(0) >= blocks.edge_count[rows].unsqueeze(1)
         kpos = kpos.masked_fill(dead.repeat_interleave(b, dim=1), lk)  # never visible
         src = kv_head[rows].unsqueeze(-1) + kpos.clamp(max=lk - 1).unsqueeze(1)  # [n,hk,e*b]
         kg = k_tok.index_select(0, src.reshape(-1)).view(n, hk, e * b, d)
         vg = v_tok.index_select(0, src.reshape(-1)).view(n, hk, e * b, d)
-        if bool(plan.plain[rows].all()):
+        if bool(blocks.plain[rows].all()):
             attend_rows(rows, kg, vg, causal=True)
         else:
             qpos = off + r_i[rows].unsqueeze(1) * qt + torch.arange(tq)  # [n, tq]

@@ -71,7 +71,7 @@ class DecodeLayerState:
     est_keys: torch.Tensor | None = None  # [B, Hkv, cap, f] token estimator's key side
     est_valid: int = 0
     window_buf: torch.Tensor | None = None  # [B, H, 2w, r]: `window` is a view of its live part
-    room: dict[str, torch.Tensor] = field(default_factory=dict)  # A_l and sums, see _grow
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)  # of A_l and sums, see _grow
     window_end: int = 0
     window_block: list[int] = field(default_factory=list)  # per slot: its query's own block
     # token estimator: the window's logits against every key block, per slot (window_logits)
@@ -126,14 +126,14 @@ def _grow(
     st: DecodeLayerState, name: str, x: torch.Tensor, dims: tuple[int, ...], n: int
 ) -> torch.Tensor:
     """x with `dims` grown to n (new entries zero), as a view of a zero buffer with room to spare
-    (kept in st.room): a key block forms every b tokens, and copying A_l [n, n] each time cost
+    (kept in st.buffers): a key block forms every b tokens, and copying A_l [n, n] each time cost
     ~1 ms a layer at 7k tokens. A buffer is reused only while x is still its leading view."""
-    buf = st.room.get(name)
+    buf = st.buffers.get(name)
     if buf is None or buf.shape[dims[0]] < n or buf.data_ptr() != x.data_ptr():
         cap = n + max(64, n // 4)
         buf = x.new_zeros([cap if d in dims else s for d, s in enumerate(x.shape)])
         buf[tuple(slice(0, s) for s in x.shape)] = x
-        st.room[name] = buf
+        st.buffers[name] = buf
     return buf[tuple(slice(0, n) if d in dims else slice(None) for d in range(x.dim()))]
 
 
