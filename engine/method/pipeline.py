@@ -172,7 +172,7 @@ def sparse_attention(
     return block_sparse_attention(q, k, v, lists, True, scale, backend)
 
 
-def prefill_plan(
+def prefill_plan(  # many parameters: a prefill layer's inputs, the optional ones defaulted
     q: torch.Tensor,
     k: torch.Tensor,
     cfg: SketchWalkConfig,

@@ -179,7 +179,7 @@ def budget_masks(
     return cand, forced, tiles, rows
 
 
-def select_blocks(
+def select_blocks(  # many parameters: the selection rule's inputs, the optional ones defaulted
     scores: torch.Tensor,
     q_blocks: torch.Tensor,
     rule: ForcedRule,
