@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import sqlalchemy as sa
 
+from sketchwalk.store import limits
 from sketchwalk.store.bulk import arrow_schema
 from sketchwalk.store.errors import ForeignExportError
 
@@ -62,6 +63,8 @@ def decode_chunks(where: str, path: Path, table: sa.Table, caps: TableCaps) -> I
         )
     declared = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
     _check_size(where, declared, caps)
+    for name, most in limits.LONGEST.get(table.name, {}).items():
+        _check_longest(where, path, meta, name, most)
     rows = size = 0
     batches = parquet.iter_batches(batch_size=BATCH_ROWS, columns=expected.names)
     while True:
@@ -87,6 +90,39 @@ def decode_chunks(where: str, path: Path, table: sa.Table, caps: TableCaps) -> I
             raise ForeignExportError(f"{where}: column types do not match: {_line(exc)}") from None
         del batch
         yield chunk
+
+
+def _check_longest(where: str, path: Path, meta: pq.FileMetaData, name: str, most: int) -> None:
+    """Refuse a value of column `name` longer than `most` characters before a row is decoded
+    whole: a row group whose column chunk holds at most `most` bytes cannot hold one (a
+    character takes one byte or more); any other is read one value at a time, that column
+    alone. A column that is no text is left to the cast to report."""
+    fields = meta.schema.to_arrow_schema()
+    at = fields.get_field_index(name)
+    if at < 0 or not pa.types.is_string(fields.field(at).type):
+        return
+    for group in range(meta.num_row_groups):
+        if meta.row_group(group).column(at).total_uncompressed_size <= most:
+            continue
+        for row, longest in enumerate(_lengths(where, path, group, name)):
+            if longest > most:
+                raise ForeignExportError(
+                    f"{where}: column {name!r} (row {row} of row group {group}) is longer than "
+                    f"the store's limit of {most} characters (store/limits.py); nothing was "
+                    "imported"
+                )
+
+
+def _lengths(where: str, path: Path, group: int, name: str) -> Iterator[int]:
+    """Characters of each value of one column of one row group, one value in memory at a time."""
+    try:
+        values = pq.ParquetFile(path, pre_buffer=False).iter_batches(
+            batch_size=1, row_groups=[group], columns=[name]
+        )
+        for batch in values:
+            yield pc.max(pc.utf8_length(batch.column(0))).as_py() or 0
+    except (pa.ArrowException, OSError) as exc:
+        raise ForeignExportError(f"{where} is not a readable Parquet file: {_line(exc)}") from None
 
 
 def _dense_bytes(where: str, name: str, column: pa.Array) -> int:

@@ -41,6 +41,8 @@ def check_limits(tables: dict[str, pa.Table], fields: dict) -> None:
     runs = pa.table({"prompt_tokens": pa.array([fields["prompt_tokens"]], pa.int64())})
     for name, data in {"runs": runs, **tables}.items():
         over = limits.first_over(name, data)
+        if name == "runs":
+            over = over or limits.run_text_over(fields)
         if over is not None:
             raise InvalidResultError(f"the result's {name} has {over}; it cannot be stored")
 

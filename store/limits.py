@@ -43,8 +43,27 @@ UPPER = {
 MAX_TOKEN_TEXT = 1024
 """Characters of one token's text (a tokenizer's longest piece is a few hundred): a read of
 READ_BATCH_ROWS tokens (store/bulk.py) then holds at most 64 MiB of their text."""
-LONGEST = {"tokens": {"text": MAX_TOKEN_TEXT}}
-"""Longest text of each value, per table and column (characters), where reads take many rows."""
+MAX_RUN_TEXT = 1 << 24
+"""Characters of a run's prompt and of each generation (16,777,216): an honest prompt is at most
+SKETCHWALK_MAX_PROMPT_CHARS (200,000 by default). Bounding every text of the runs row bounds
+what importing or opening one run decodes, whatever the upload."""
+MAX_RUN_REQUEST = 4 * MAX_RUN_TEXT
+"""Characters of the request JSON: it holds the prompt again, escaped (a newline or quote takes
+two characters, others up to six), so it is allowed four prompts' worth."""
+MAX_RUN_NOTE = 1 << 20
+"""Characters of the error text and of the config, versions, metrics and timings JSON (a few
+hundred scalars for a real run)."""
+MAX_RUN_NAME = 1 << 12
+"""Characters of the model id (a name or a local path), model hash and device."""
+RUN_LONGEST = {
+    **dict.fromkeys(("prompt", "dense_text", "sparse_text"), MAX_RUN_TEXT),
+    "request": MAX_RUN_REQUEST,
+    **dict.fromkeys(("error", "config", "versions", "metrics", "timings"), MAX_RUN_NOTE),
+    **dict.fromkeys(("model_id", "model_hash", "device"), MAX_RUN_NAME),
+}
+LONGEST = {"tokens": {"text": MAX_TOKEN_TEXT}, "runs": RUN_LONGEST}
+"""Longest text of each value, per table and column (characters): where reads take many rows,
+and every text of the runs row (one value is decoded whole)."""
 
 ROWS_PER_RUN = {"runs": 1, "blocks": MAX_BLOCKS, "tokens": 2 * MAX_TOKENS}
 """Rows one run can have in a table whose key is bounded above (others: the import row cap)."""
@@ -60,6 +79,16 @@ def first_over(table: str, data: pa.Table) -> str | None:
             name in data.column_names
             and pc.any(pc.greater(pc.utf8_length(data[name]), most)).as_py()
         ):
+            return f"{name} longer than the store's limit of {most} characters"
+    return None
+
+
+def run_text_over(values: dict[str, Any]) -> str | None:
+    """The first text of a runs row (column -> value) longer than its limit, in first_over's
+    words: checked before a run row is written, as an import checks it before decoding."""
+    for name, most in RUN_LONGEST.items():
+        value = values.get(name)
+        if isinstance(value, str) and len(value) > most:
             return f"{name} longer than the store's limit of {most} characters"
     return None
 

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from sketchwalk.engine.run.records import RunResult
 from sketchwalk.engine.run.speed import CLEAN_FAILED
-from sketchwalk.store import frames, jsonio, schema
+from sketchwalk.store import frames, jsonio, limits, schema
 from sketchwalk.store.bulk import insert_arrow
 from sketchwalk.store.db import db_clock, db_utcnow, utcnow
 from sketchwalk.store.errors import (
@@ -89,19 +89,21 @@ class RunsMixin:
         job: tuple[str, str] | None,
     ) -> None:
         """The run row (and its job link) in one transaction."""
+        values = {
+            "model_id": request.get("model"),
+            "prompt": request["prompt"],
+            "method": request.get("method") or config.get("method"),
+            "config": jsonio.dumps(config),
+            "request": jsonio.dumps(request),
+        }
+        over = limits.run_text_over(values)
+        if over is not None:
+            raise InvalidResultError(f"the run's {over}; nothing was stored")
         with self._begin() as conn:
             now = db_utcnow(conn)
             conn.execute(
                 schema.runs.insert().values(
-                    id=run_id,
-                    created_at=now,
-                    updated_at=now,
-                    status=status,
-                    model_id=request.get("model"),
-                    prompt=request["prompt"],
-                    method=request.get("method") or config.get("method"),
-                    config=jsonio.dumps(config),
-                    request=jsonio.dumps(request),
+                    id=run_id, created_at=now, updated_at=now, status=status, **values
                 )
             )
             if job is not None:
@@ -116,6 +118,8 @@ class RunsMixin:
                 f"unknown run status {status!r}; use one of {', '.join(schema.RUN_STATUSES)}"
             )
         now = utcnow()
+        if error is not None:  # kept within the store's limit: a failure is still recorded
+            error = error[: limits.MAX_RUN_NOTE]
         values: dict[str, Any] = {"status": status, "error": error, "updated_at": now}
         if status in ("done", "failed"):
             values["finished_at"] = now

@@ -10,7 +10,9 @@ small on disk, large once inflated (zip level) or decoded (Parquet level). Each 
   the explorer draws (4,096 blocks), the first whole (8.4M causal pairs), with their blocks and
   16,384 prompt tokens;
 - near-cap-run: the runs row near the decoded cap: its prompt, generations, other texts and
-  JSON objects (padded) of RUN_CHARS characters each.
+  JSON objects (padded) of RUN_CHARS characters each (over the store's limits);
+- at-limit-run: as near-cap-run, each text exactly as long as the store allows
+  (store/limits.py RUN_LONGEST).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from sketchwalk.store.limits import RUN_LONGEST
 
 TEXT_CHARS = 1000
 ROWS = {
@@ -163,18 +167,18 @@ def _score_batch(run_id: str, layer: int, q0: int, q1: int) -> pa.Table:
     )
 
 
-def _run_row(folder: Path) -> None:
-    """near-cap-run's runs file: one row whose text columns hold RUN_CHARS characters each
-    (JSON objects padded to that; the prompt with NEEDLE in its middle)."""
+def _run_row(folder: Path, chars: dict[str, int]) -> None:
+    """A runs file of one row whose text columns hold chars[column] characters each (JSON
+    objects padded to that; the prompt with NEEDLE in its middle)."""
     runs = pq.read_table(folder / "runs.parquet")
-    half = "x" * (RUN_CHARS // 2)
-    texts = {name: name[0] * RUN_CHARS for name in RUN_TEXTS}
-    texts["prompt"] = half[: -len(NEEDLE)] + NEEDLE + half
+    texts = {name: name[0] * chars[name] for name in RUN_TEXTS}
+    n = chars["prompt"]
+    texts["prompt"] = "x" * (n // 2 - len(NEEDLE)) + NEEDLE + "x" * (n - n // 2)
     for name in RUN_JSON:
         value = json.loads(runs[name][0].as_py() or "{}")
         value["pad"] = ""
         plain = json.dumps(value)
-        texts[name] = plain.replace('"pad": ""', f'"pad": "{"p" * (RUN_CHARS - len(plain))}"')
+        texts[name] = plain.replace('"pad": ""', f'"pad": "{"p" * (chars[name] - len(plain))}"')
     for name, text in texts.items():
         at = runs.schema.get_field_index(name)
         runs = runs.set_column(at, name, pa.array([text], pa.string()))
@@ -189,9 +193,10 @@ def build(shape: str, export_dir: Path, work: Path) -> Path:
     rows = {"tokens": ROWS.get(shape, 0)}
     if shape == "near-cap-scores":
         rows = _scores(run_id, folder)
-    elif shape == "near-cap-run":
+    elif shape in ("near-cap-run", "at-limit-run"):
         rows = {"runs": 1}
-        _run_row(folder)
+        most = dict.fromkeys((*RUN_TEXTS, *RUN_JSON), RUN_CHARS)
+        _run_row(folder, most if shape == "near-cap-run" else RUN_LONGEST)
     elif shape == "near-cap-prompt":
         _tokens(run_id, rows["tokens"], False, folder / "tokens.parquet", "sparse", needle=True)
         runs = pq.read_table(folder / "runs.parquet")

@@ -202,3 +202,30 @@ def test_an_interrupted_export_leaves_no_partial_files(store, tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         store.export_parquet([run_id], tmp_path / "e")
     assert sorted(p.name for p in (tmp_path / "e").iterdir()) == []
+
+
+@pytest.mark.parametrize(("chars", "imports"), [(100, True), (101, False)])
+def test_a_runs_text_past_the_stores_limit_is_refused_before_import(
+    store, tmp_path, monkeypatch, chars, imports
+):
+    """A runs value longer than store/limits.py allows is refused in one line, nothing
+    imported; one at the limit imports (the limit lowered here to keep the files small)."""
+    from sketchwalk.store import limits
+
+    monkeypatch.setitem(limits.RUN_LONGEST, "prompt", 100)
+    run_id, _ = saved_run(store)
+    store.export_parquet([run_id], tmp_path / "e")
+    store.delete_run(run_id)
+    runs = pq.read_table(tmp_path / "e" / "runs.parquet")
+    at = runs.schema.get_field_index("prompt")
+    runs = runs.set_column(at, "prompt", pa.array(["p" * chars]))
+    pq.write_table(runs, tmp_path / "e" / "runs.parquet")
+    if imports:
+        store.import_parquet(tmp_path / "e")
+        assert store.get_run(run_id)["prompt"] == "p" * chars
+        return
+    with pytest.raises(ForeignExportError) as refused:
+        store.import_parquet(tmp_path / "e")
+    said = str(refused.value)
+    assert "column 'prompt'" in said and "longer than the store's limit of 100" in said
+    assert "\n" not in said and store.list_runs().empty

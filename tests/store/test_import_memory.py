@@ -70,6 +70,27 @@ def test_import_peak_memory_per_bomb_shape(tmp_path, export_dir, shape, imports)
             assert store.run_ids() == []  # nothing of it stayed
 
 
+@pytest.mark.heavy
+@pytest.mark.parametrize(("shape", "imports"), [("near-cap-run", False), ("at-limit-run", True)])
+def test_import_peak_memory_of_a_long_runs_row(tmp_path, export_dir, shape, imports):
+    """A runs row past the store's text limits is refused before it is decoded; one at them
+    imports, within the bound either way."""
+    bomb = build(shape, export_dir, tmp_path)
+    db = tmp_path / "dst.duckdb"
+    out, peak = _import_peak(db, bomb)
+    print(f"{shape}: {bomb.stat().st_size / (1 << 20):.1f} MB zip, peak {peak} MiB")
+    assert peak <= BOUND_MIB, (shape, peak)
+    with open_store(str(db)) as store:
+        stored = store.run_ids()
+    if imports:
+        assert out.returncode == 0, out.stderr
+        assert len(stored) == 1
+    else:
+        assert out.returncode == 2 and out.stderr.count("\n") == 0, out.stderr
+        assert "longer than the store's limit of 16777216 characters" in out.stderr
+        assert stored == []
+
+
 def store_tokens(store, run_id: str) -> int:
     """Token rows stored for the run, counted by the database."""
     import sqlalchemy as sa

@@ -1,7 +1,7 @@
 """Peak memory of reading a run that was imported near the caps (tests/import_bombs.py):
 `sketchwalk trace`, `sketchwalk export` (folder and zip), the reads Explore makes to show one
 layer, its decode tokens and a drill-down's tokens, Compare's reads, and opening a run whose
-row is near the cap, each measured in a child process against the bound the README states."""
+row holds texts as long as the store allows, each measured in a child process against the bound the README states."""
 
 from __future__ import annotations
 
@@ -106,13 +106,13 @@ print(len(run["prompt"]), run["prompt_chars"], ",".join(run["left_out"]))
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory) -> dict[str, tuple[str, str]]:
-    """Each shape (and near-cap-run) imported into its own store: shape -> (database, run)."""
+    """Each shape (and at-limit-run) imported into its own store: shape -> (database, run)."""
     work = tmp_path_factory.mktemp("near-cap-reads")
     with open_store(str(work / "src.duckdb")) as src:
         run_id, _ = saved_run(src)
         src.export_parquet([run_id], work / "export")
     out = {}
-    for shape in (*SHAPES, "near-cap-run"):
+    for shape in (*SHAPES, "at-limit-run"):
         db = work / f"{shape}.duckdb"
         zipped = build(shape, work / "export", work)
         done = subprocess.run(
@@ -217,16 +217,15 @@ def test_page_token_reads_peak_memory(imported, script):
 
 @pytest.mark.heavy
 def test_open_run_peak_memory(imported):
-    from import_bombs import RUN_CHARS
-
+    from sketchwalk.store.limits import MAX_RUN_TEXT
     from sketchwalk.store.reads import RUN_TEXT_CHARS
 
-    db, run_id = imported["near-cap-run"]
+    db, run_id = imported["at-limit-run"]
     out, most = peak([sys.executable, "-c", OPEN, db, run_id])
-    print(f"open near-cap-run: peak {most} MiB")
+    print(f"open at-limit-run: peak {most} MiB")
     assert out.returncode == 0, out.stderr
     assert most <= BOUND_MIB, most
     with open_store(db) as store:  # what it left out, and said so
         run = store.open_run(run_id)
-    assert len(run["prompt"]) == RUN_TEXT_CHARS < run["prompt_chars"] == RUN_CHARS
-    assert run["left_out"] == ["config", "request", "versions", "metrics", "timings"]
+    assert len(run["prompt"]) == RUN_TEXT_CHARS == run["prompt_chars"] == MAX_RUN_TEXT
+    assert run["left_out"] == ["request"]  # the only JSON allowed longer than what is read

@@ -270,3 +270,35 @@ def test_a_token_text_past_the_stores_limit_is_not_saved(store):
     with pytest.raises(InvalidResultError, match="longer than the store's limit of 1024"):
         store.save_result(run_id, result)
     assert count_rows(store, run_id)["tokens"] == 0
+
+
+def test_a_prompt_past_the_stores_limit_is_not_saved(store):
+    """A run row whose text an import would refuse (store/limits.py RUN_LONGEST) is refused
+    before anything is written, in one line."""
+    from sketchwalk.store.limits import MAX_RUN_TEXT
+
+    request = {**REQUEST, "prompt": "x" * (MAX_RUN_TEXT + 1)}
+    with pytest.raises(InvalidResultError) as refused:
+        store.create_run(request)
+    assert "prompt longer than the store's limit of 16777216" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert store.run_ids() == []
+
+
+def test_generations_past_the_stores_limit_are_not_saved(store):
+    from sketchwalk.store.limits import MAX_RUN_TEXT
+
+    result = make_result()
+    result.dense_text = "x" * (MAX_RUN_TEXT + 1)
+    run_id = store.create_run(dict(REQUEST), status="running")
+    with pytest.raises(InvalidResultError, match="dense_text longer than the store's limit"):
+        store.save_result(run_id, result)
+    assert count_rows(store, run_id)["layer_stats"] == 0
+
+
+def test_an_error_text_is_kept_within_the_stores_limit(store):
+    from sketchwalk.store.limits import MAX_RUN_NOTE
+
+    run_id = store.create_run(dict(REQUEST))
+    store.mark_failed(run_id, "e" * (MAX_RUN_NOTE + 5))
+    assert len(store.get_run(run_id)["error"]) == MAX_RUN_NOTE
