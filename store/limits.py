@@ -43,14 +43,15 @@ UPPER = {
 MAX_TOKEN_TEXT = 1024
 """Characters of one token's text (a tokenizer's longest piece is a few hundred): a read of
 READ_BATCH_ROWS tokens (store/bulk.py) then holds at most 64 MiB of their text."""
-MAX_RUN_TEXT = 1 << 24
-"""Characters of a run's prompt and of each generation (16,777,216): an honest prompt is at most
+MAX_RUN_TEXT = 1 << 21
+"""Characters of a run's prompt and of each generation (2,097,152): an honest prompt is at most
 SKETCHWALK_MAX_PROMPT_CHARS (200,000 by default). Bounding every text of the runs row bounds
-what importing or opening one run decodes, whatever the upload."""
+what importing or opening one run decodes, whatever the upload: an import holds several copies
+of the row, and one at these limits, four-byte characters throughout, peaks under 1 GiB."""
 MAX_RUN_REQUEST = 4 * MAX_RUN_TEXT
 """Characters of the request JSON: it holds the prompt again, escaped (a newline or quote takes
 two characters, others up to six), so it is allowed four prompts' worth."""
-MAX_RUN_NOTE = 1 << 20
+MAX_RUN_NOTE = 1 << 18
 """Characters of the error text and of the config, versions, metrics and timings JSON (a few
 hundred scalars for a real run)."""
 MAX_RUN_NAME = 1 << 12

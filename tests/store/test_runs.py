@@ -280,7 +280,7 @@ def test_a_prompt_past_the_stores_limit_is_not_saved(store):
     request = {**REQUEST, "prompt": "x" * (MAX_RUN_TEXT + 1)}
     with pytest.raises(InvalidResultError) as refused:
         store.create_run(request)
-    assert "prompt longer than the store's limit of 16777216" in str(refused.value)
+    assert "prompt longer than the store's limit of 2097152" in str(refused.value)
     assert "\n" not in str(refused.value)
     assert store.run_ids() == []
 
