@@ -1,0 +1,73 @@
+"""What the quality half of a run computes, and what it does not do twice: the exact block mass
+from the C kernel equals a plain softmax, the prompt comparison on a prompt seen before runs the
+LM head on its sparse side only, and the quality half times no dense attention per layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sketchwalk.engine import blockstats
+
+
+def _plain_exact(q, k, scale, b, groups, pool):
+    """The definition: causal softmax per head and row, summed per key block, then pooled over a
+    group's heads and a query block's rows (mean; or max, rows then scaled to sum to 1)."""
+    _, h, lq, _ = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    kk = k.repeat_interleave(h // hkv, dim=1).float()
+    scores = (q.float() @ kk.transpose(-1, -2)) * scale  # [B, H, lq, lk]
+    pos = torch.arange(lk - lq, lk)[:, None]
+    scores = scores.masked_fill(torch.arange(lk)[None, :] > pos, float("-inf"))
+    p = torch.softmax(scores, -1)
+    nk, nq = -(-lk // b), -(-lq // b)
+    p = torch.nn.functional.pad(p, (0, nk * b - lk)).unflatten(-1, (nk, b)).sum(-1)
+    p = p.unflatten(1, (groups, h // groups))
+    p = p.amax(2) if pool == "max" else p.mean(2)  # [B, G, lq, nk]
+    p = torch.nn.functional.pad(p, (0, 0, 0, nq * b - lq)).unflatten(2, (nq, b))
+    if pool == "max":
+        out = p.amax(3)
+        return out / out.sum(-1, keepdim=True)
+    counts = torch.full((nq,), float(b))
+    counts[-1] = lq - (nq - 1) * b
+    return p.sum(3) / counts[None, None, :, None]
+
+
+@pytest.mark.parametrize("pool", ["mean", "max"])
+@pytest.mark.parametrize(("lq", "lk"), [(100, 100), (37, 100), (1, 90), (64, 64)])
+@pytest.mark.parametrize("native", [True, False])
+def test_exact_block_mass_equals_the_plain_softmax(pool, lq, lk, native, monkeypatch):
+    """Both paths (the C kernel's and the torch product's) against the definition, prefill
+    (whole and a later chunk of queries, a partial last block) and a decode row."""
+    if native and blockstats.library() is None:
+        pytest.skip("no C compiler")
+    if not native:
+        monkeypatch.setattr(blockstats, "library", lambda: None)
+    g = torch.Generator().manual_seed(lq + lk)
+    q = torch.randn(1, 6, lq, 16, generator=g)
+    k = torch.randn(1, 2, lk, 16, generator=g)
+    valid = torch.ones(1, lk, dtype=torch.bool)
+    for groups in (1, 2):
+        got = blockstats.exact_block_mass(q, k, 0.25, 16, valid, groups, pool=pool)
+        want = _plain_exact(q, k, 0.25, 16, groups, pool)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_exact_block_mass_takes_the_c_kernel_for_prefill_only(monkeypatch):
+    calls = []
+    real = blockstats.scored_block_mass
+    monkeypatch.setattr(
+        blockstats, "scored_block_mass", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    if blockstats.library() is None:
+        pytest.skip("no C compiler")
+    q, k = torch.randn(1, 4, 64, 16), torch.randn(1, 2, 64, 16)
+    valid = torch.ones(1, 64, dtype=torch.bool)
+    blockstats.exact_block_mass(q[:, :, -1:], k, 0.25, 16, valid, 2)  # a decode row
+    assert not calls
+    blockstats.exact_block_mass(q, k, 0.25, 16, valid, 2)
+    assert calls
+    calls.clear()
+    valid[0, :5] = False  # padded keys: the torch path masks them
+    blockstats.exact_block_mass(q, k, 0.25, 16, valid, 2)
+    assert not calls
