@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sketchwalk.engine import blockstats
+from sketchwalk.engine.metrics import compare_prompt_chunked
 
 
 def _plain_exact(q, k, scale, b, groups, pool):
@@ -71,3 +72,26 @@ def test_exact_block_mass_takes_the_c_kernel_for_prefill_only(monkeypatch):
     valid[0, :5] = False  # padded keys: the torch path masks them
     blockstats.exact_block_mass(q, k, 0.25, 16, valid, 2)
     assert not calls
+
+
+def test_the_comparison_reuses_the_dense_log_probabilities():
+    """With the dense side's log-probabilities kept from a first comparison, a second one runs
+    the head on the sparse hidden states only, and gives the same numbers."""
+    g = torch.Generator().manual_seed(0)
+    head = torch.randn(8, 50, generator=g)
+    dense_h, sparse_h = torch.randn(40, 8, generator=g), torch.randn(40, 8, generator=g)
+    ids = torch.randint(0, 50, (40,), generator=g)
+    seen = []
+
+    def logits(h):
+        seen.append(h)
+        return h @ head
+
+    keep = torch.empty(39, 50)
+    first = compare_prompt_chunked(logits, dense_h, sparse_h, ids, chunk=7, keep_dense=keep)
+    seen.clear()
+    again = compare_prompt_chunked(logits, dense_h, sparse_h, ids, chunk=7, dense_logprobs=keep)
+    assert sum(len(h) for h in seen) == 39
+    assert all(any(torch.equal(h, sparse_h[s : s + len(h)]) for s in range(40)) for h in seen)
+    for name in ("kl", "logprob_dense", "logprob_sparse", "agree"):
+        assert torch.equal(getattr(first, name), getattr(again, name)), name
