@@ -7,8 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sketchwalk.app.prompts import license_text
 from sketchwalk.engine import blockstats
+from sketchwalk.engine.config import SketchWalkConfig
 from sketchwalk.engine.metrics import compare_prompt_chunked
+from sketchwalk.engine.models import load_model
+from sketchwalk.engine.runner import LMParts, RunOptions, run
 
 
 def _plain_exact(q, k, scale, b, groups, pool):
@@ -95,3 +99,77 @@ def test_the_comparison_reuses_the_dense_log_probabilities():
     assert all(any(torch.equal(h, sparse_h[s : s + len(h)]) for s in range(40)) for h in seen)
     for name in ("kl", "logprob_dense", "logprob_sparse", "agree"):
         assert torch.equal(getattr(first, name), getattr(again, name)), name
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model):
+    return load_model(tiny_model)
+
+
+def test_a_second_density_runs_the_head_on_the_sparse_side_only(tiny, monkeypatch):
+    """The dense model's head is not applied to the prompt again at a second density: the
+    comparison's head rows are the sparse side's, and its numbers equal a fresh run's."""
+    prompt = license_text()[:900]
+    opts = RunOptions(max_new_tokens=3)
+    tiny.dense_memo = None
+    run(tiny, prompt, SketchWalkConfig(block_size=16, density=0.5), opts, speed=False)
+    assert tiny.dense_memo.prompt_logprobs is not None
+    rows = []
+    real = LMParts.logits
+    monkeypatch.setattr(LMParts, "logits", lambda self, h: rows.append(len(h)) or real(self, h))
+    second = run(tiny, prompt, SketchWalkConfig(block_size=16, density=0.3), opts, speed=False)
+    n = second.prompt_tokens
+    assert second.metrics["dense_reused"] is True
+    # the sparse pass's decode steps, the judge's continuation, the prompt's sparse side once
+    assert sum(rows) < 2 * (n - 1)
+    monkeypatch.setattr(LMParts, "logits", real)
+    tiny.dense_memo = None
+    fresh = run(tiny, prompt, SketchWalkConfig(block_size=16, density=0.3), opts, speed=False)
+    for key in ("kl_mean", "kl_max", "top1_agreement", "ppl_dense", "ppl_sparse"):
+        assert second.metrics[key] == fresh.metrics[key], key
+
+
+def test_the_quality_half_times_no_dense_attention_per_layer(tiny, monkeypatch):
+    """run(speed=False) leaves per-layer dense timing to the speed half: dense attention runs
+    only for the dense layers' own attention; a whole run (speed=True) still times it."""
+    from sketchwalk.engine import session as session_mod
+
+    calls = []
+    real = session_mod.dense_attention
+    monkeypatch.setattr(
+        session_mod, "dense_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    prompt = license_text()[:700]
+    cfg = SketchWalkConfig(block_size=16, density=0.3)
+    opts = RunOptions(max_new_tokens=2)
+    res = run(tiny, prompt, cfg, opts, speed=False)
+    sparse = [r for r in res.layers if r.phase == "prefill" and not r.dense]
+    assert sparse and all(r.t_dense_ms is None for r in sparse)
+    dense_layers = sum(1 for r in res.layers if r.dense)
+    assert len(calls) == dense_layers
+    calls.clear()
+    whole = run(tiny, prompt, cfg, opts)
+    assert all(
+        r.t_dense_ms is not None for r in whole.layers if r.phase == "prefill" and not r.dense
+    )
+    assert len(calls) > dense_layers
+
+
+def test_the_speed_half_times_each_layers_dense_attention(tiny):
+    """speed_timings hands back the clean dense passes' prefill attention per layer (every
+    layer, a median over the repeats), and with_layer_dense puts it into the quality half's
+    sparse prefill records."""
+    from sketchwalk.engine.runner import speed_timings, with_layer_dense
+
+    prompt = license_text()[:700]
+    cfg = SketchWalkConfig(block_size=16, density=0.3)
+    opts = RunOptions(max_new_tokens=2, clean_timing=True, clean_repeats=2)
+    res = run(tiny, prompt, cfg, opts, speed=False)
+    layer_dense: dict[int, float] = {}
+    speed_timings(tiny, prompt, cfg, opts, res.timings, layer_dense=layer_dense)
+    n_layers = int(tiny.model.config.num_hidden_layers)
+    assert sorted(layer_dense) == list(range(n_layers))
+    assert all(ms > 0 for ms in layer_dense.values())
+    sparse = [r for r in res.layers if r.phase == "prefill" and not r.dense]
+    assert with_layer_dense(res.layers, layer_dense) == len(sparse) > 0
+    assert all(r.t_dense_ms == layer_dense[r.layer] for r in sparse)
