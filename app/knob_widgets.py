@@ -1,4 +1,4 @@
-"""New run widgets generated from the knob declarations (engine/config.py).
+"""New run widgets generated from the knob declarations (engine/method/config.py).
 
 One widget per declared knob, its kind chosen from the field's type (choices -> select box,
 bool -> checkbox, numbers -> number inputs within the declared range, layer lists -> text),
@@ -11,7 +11,8 @@ from typing import Any
 
 import streamlit as st
 
-from sketchwalk.engine.config import ConfigError, knobs, preset
+from sketchwalk.engine.method.config import knobs, preset
+from sketchwalk.errors import ConfigError
 
 PREFIX = "nr_"
 

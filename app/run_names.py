@@ -15,7 +15,8 @@ IGNORED = ("density", "extra")  # every run sets its density; extra holds no kno
 
 def preset_of(config: dict[str, Any] | None) -> str:
     """The preset a stored config matches (knobs added since it was stored read as LEGACY)."""
-    from sketchwalk.engine.config import PRESETS, ConfigError, SketchWalkConfig, preset
+    from sketchwalk.engine.method.config import PRESETS, SketchWalkConfig, preset
+    from sketchwalk.errors import ConfigError
 
     try:
         stored = SketchWalkConfig.from_stored(dict(config or {})).to_dict()

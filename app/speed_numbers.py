@@ -2,7 +2,7 @@
 
 The verdict, the Speed page's headline and the density sweep all show these numbers, so they
 come from here and nowhere else. Prefill: the median of the clean passes' dense/sparse ratios
-and their range (min-max over the repeats), as engine/runner.py stores them. Decode: the median
+and their range (min-max over the repeats), as engine/run/runner.py stores them. Decode: the median
 of the per-token ratios and their middle half. Runs stored before the ratios were kept fall back
 to dense time over sparse time of the clean medians (no range known). Pure Python.
 """
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sketchwalk.engine import speed
+from sketchwalk.engine.run import speed
 
 NOISE_MARGIN = 1.02  # a measure above ceiling x this is noise, not a speed-up
 
@@ -84,7 +84,7 @@ def clean_speedup(timings: Mapping[str, Any] | None, phase: str) -> Measure | No
 
 
 def ceiling(timings: Mapping[str, Any] | None, run: Mapping[str, Any], phase: str):
-    """The phase's ceiling (engine/speed.py) at the run's achieved density, else None."""
+    """The phase's ceiling (engine/run/speed.py) at the run's achieved density, else None."""
     metrics, config = run.get("metrics") or {}, run.get("config") or {}
     density = speed.ceiling_density(
         _num(metrics.get("density_achieved")), _num(config.get("density"))

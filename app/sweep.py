@@ -16,8 +16,9 @@ from typing import Any
 import pandas as pd
 
 from sketchwalk.app import speed_numbers
-from sketchwalk.engine import speed
-from sketchwalk.engine.config import ConfigError, SketchWalkConfig
+from sketchwalk.engine.method.config import SketchWalkConfig
+from sketchwalk.engine.run import speed
+from sketchwalk.errors import ConfigError
 
 VARYING = ("density", "group_density", "extra")  # what a sweep may change, or no setting
 COLUMNS = ["run", "target", "density", "speedup", "clean_speedup", "clean_range", "ceiling"]

@@ -5,7 +5,7 @@ per-layer stats), so it is tested on plain dicts and shared by Explore (top of t
 New run page (the summary of a finished run). Nothing here is computed anew: densities, KL and
 top-1 are the runner's, mass kept is the recorder's mass recall, the density floor is the
 engine's selection at a vanishing density (density_floor), the speed ceiling is
-engine/speed.py's, and the needle answer check is the eval's (eval/retrieval.py is_correct).
+engine/run/speed.py's, and the needle answer check is the eval's (eval/retrieval.py is_correct).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 import pandas as pd
 
 from sketchwalk.app import speed_numbers
-from sketchwalk.engine import speed
+from sketchwalk.engine.run import speed
+from sketchwalk.errors import ConfigError
 from sketchwalk.store.needle import pass_key
 
 FAR_RATIO = 1.25  # achieved / target above this (and FAR_ABS above it) is "far from the target"
@@ -62,8 +63,8 @@ def density_floor(config: dict[str, Any], prompt_tokens: int) -> float | None:
     of every row of a query tile (rows of a tile share one list)."""
     import torch
 
-    from sketchwalk.engine.config import ConfigError, SketchWalkConfig
-    from sketchwalk.engine.pipeline import choose_blocks
+    from sketchwalk.engine.method.config import SketchWalkConfig
+    from sketchwalk.engine.method.pipeline import choose_blocks
 
     try:
         cfg = SketchWalkConfig.from_stored({**config, "density": 1e-6, "group_density": ()})

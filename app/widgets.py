@@ -26,8 +26,8 @@ from sketchwalk import settings as app_settings
 from sketchwalk.app.figures.layer_data import LayerData, layer_data
 from sketchwalk.app.layer_views import LRU, ViewKey
 from sketchwalk.app.run_names import preset_of
-from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.request import stored_time_only
+from sketchwalk.engine.method.config import SketchWalkConfig
+from sketchwalk.engine.run.request import stored_time_only
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.store import Store, open_store, resolve_url
 from sketchwalk.text import plain_markdown
@@ -103,7 +103,7 @@ class ModelInfo:
 def _model_info(model_id: str, check: bool = True) -> ModelInfo:
     from transformers import AutoConfig, AutoTokenizer
 
-    from sketchwalk.engine.models import ModelError, resolve
+    from sketchwalk.engine.run.models import ModelError, resolve
 
     name, source, _ = resolve(model_id or None)
     missing = unavailable(source) if check else None
@@ -302,7 +302,7 @@ _PROBE_LOCK = threading.Lock()  # one model instance: runs switch its attention 
 
 @st.cache_resource(show_spinner=False, max_entries=1)
 def _probe_model(model_id: str | None, dtype: str):
-    from sketchwalk.engine.models import load_model
+    from sketchwalk.engine.run.models import load_model
 
     return load_model(model_id or None, dtype)
 
@@ -321,8 +321,8 @@ def query_layers(
     run's sparse prefill with a probe (engine.runner.probe_queries; memory bounded by heads x
     keys of that one token). Kept per run and token; `progress` hears how far a re-run is (a
     plain dict rather than st.cache_data, whose replay forbids drawing on the caller's bar)."""
-    from sketchwalk.engine.config import SketchWalkConfig
-    from sketchwalk.engine.runner import probe_queries
+    from sketchwalk.engine.method.config import SketchWalkConfig
+    from sketchwalk.engine.run.runner import probe_queries
 
     key = (url, run_id, int(position))
     with _PROBE_LOCK:

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from playwright.sync_api import sync_playwright
 
-    from sketchwalk.engine.models import load_model
+    from sketchwalk.engine.run.models import load_model
 
     load_model()  # the one-time conversion stays out of the measurement
     prompt = Path(args.prompt_file).read_text()

@@ -3,7 +3,7 @@
 Why it is built this way: absolute times on shared machines drift by +-20%, so dense and sparse runs
 are interleaved (order alternating per repeat) and each reported time is a median; speedups are the
 honest number. The sparse time INCLUDES the selection (sketch + walk + select from
-sketchwalk.engine.pipeline.prefill_selection): that is what a user pays. Inputs are random (seeded),
+sketchwalk.engine.method.pipeline.prefill_selection): that is what a user pays. Inputs are random (seeded),
 so the selection pattern is what the method picks on noise, not on a real model's activations.
 """
 
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from sketchwalk.engine.clock import timed
-from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.engine.method.config import SketchWalkConfig
 from sketchwalk.kernels import block_sparse_attention, choose_backend
 from sketchwalk.kernels.lists import BlockLists
 
@@ -124,7 +124,7 @@ def bench_prefill(
     query_block: int | None = None,
     knobs: SketchWalkConfig | None = None,
 ) -> list[dict]:
-    from sketchwalk.engine.pipeline import prefill_selection, sparse_attention
+    from sketchwalk.engine.method.pipeline import prefill_selection, sparse_attention
 
     gen = torch.Generator(device="cpu").manual_seed(seq_len)
     shp = (1, shape.heads, seq_len, shape.head_dim)
@@ -193,7 +193,7 @@ def bench_prefill(
 def _flex_peer(q, k, v, cfg, backend, device) -> tuple[Callable[[], object], dict]:
     """FlexAttention on the lists our kernel runs (selection made once, outside the timing);
     returns the call and its agreement with our output and its BlockMask build time."""
-    from sketchwalk.engine.pipeline import prefill_selection
+    from sketchwalk.engine.method.pipeline import prefill_selection
     from sketchwalk.kernels import flex
 
     sel = prefill_selection(q, k, cfg, 5)
@@ -246,7 +246,7 @@ def bench_decode(
         def dense() -> object:
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
-        # the paths a session's decode takes on CPU (engine/session.py, decode_reselect 0): a
+        # the paths a session's decode takes on CPU (engine/hf/session.py, decode_reselect 0): a
         # selection kept across steps, gathered once ("kept"), and a step that selects afresh,
         # which gathers its selection and attends ("fresh"); re-selecting every token
         # (decode_reselect 1) runs the stateless kernel (kernel_ms)

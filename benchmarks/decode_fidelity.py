@@ -24,10 +24,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from sketchwalk.engine.cache import cache_kwarg, new_cache  # noqa: E402
-from sketchwalk.engine.config import SketchWalkConfig  # noqa: E402
-from sketchwalk.engine.hook import NAME  # noqa: E402
-from sketchwalk.engine.session import bind_session, sketch_walk_session  # noqa: E402
+from sketchwalk.engine.hf.cache import cache_kwarg, new_cache  # noqa: E402
+from sketchwalk.engine.hf.hook import NAME  # noqa: E402
+from sketchwalk.engine.hf.session import bind_session, sketch_walk_session  # noqa: E402
+from sketchwalk.engine.method.config import SketchWalkConfig  # noqa: E402
 
 
 @torch.no_grad()
@@ -130,7 +130,7 @@ def answers(model, tok, item, cfg, rules, n_new=8) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     from sketchwalk.benchmarks.model import DEFAULT_TEXT, prompt_ids
-    from sketchwalk.engine.models import load_model
+    from sketchwalk.engine.run.models import load_model
     from sketchwalk.eval.retrieval import make_items
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -22,9 +22,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from sketchwalk.allocator import keep_freed_memory  # noqa: E402
-from sketchwalk.engine.config import SketchWalkConfig  # noqa: E402
-from sketchwalk.engine.dense import dense_attention  # noqa: E402
-from sketchwalk.engine.session import Session  # noqa: E402
+from sketchwalk.engine.hf.dense import dense_attention  # noqa: E402
+from sketchwalk.engine.hf.session import Session  # noqa: E402
+from sketchwalk.engine.method.config import SketchWalkConfig  # noqa: E402
 
 LAYER = 2  # a sparse layer under the default dense_layers (0, 1)
 

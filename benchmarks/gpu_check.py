@@ -130,7 +130,7 @@ def _free() -> None:
 MODULES = [
     "torch", "triton", "transformers",
     "sketchwalk.kernels", "sketchwalk.kernels.reference", "sketchwalk.kernels.triton_dispatch",
-    "sketchwalk.engine.pipeline", "sketchwalk.engine.hook", "sketchwalk.engine.timing",
+    "sketchwalk.engine.method.pipeline", "sketchwalk.engine.hf.hook", "sketchwalk.engine.run.timing",
     "sketchwalk.benchmarks.attention", "sketchwalk.kernels.flex", "sketchwalk.benchmarks.model",
     "sketchwalk.benchmarks.random_model", "sketchwalk.cli.bench",
 ]  # fmt: skip
@@ -241,7 +241,7 @@ def _selection_configs() -> dict[str, object]:
     """The selections timed: the `gpu` preset's (what a CUDA run starts from: 4 sampled queries
     per 32-token block in every layer), the cheapest ones (`lean`'s block-mean layers, `fast`),
     and last, as it is the costliest, the CPU defaults' (8 sampled queries per 16-token block)."""
-    from sketchwalk.engine.config import preset
+    from sketchwalk.engine.method.config import preset
 
     return {
         "gpu": preset("gpu", density=0.2),
@@ -257,7 +257,7 @@ def stage_selection(ctx: Context) -> None:
 
     from sketchwalk.benchmarks.attention import SHAPES
     from sketchwalk.engine.clock import timed
-    from sketchwalk.engine.pipeline import prefill_selection
+    from sketchwalk.engine.method.pipeline import prefill_selection
 
     dev = _dev(ctx)
     shape = SHAPES["smollm2" if ctx.smoke else "llama3-8b"]
@@ -328,7 +328,7 @@ def _interleaved(a: Callable, b: Callable, device, repeats: int) -> tuple[float,
 
 def stage_attention(ctx: Context) -> None:
     from sketchwalk.benchmarks.attention import run_attention_bench
-    from sketchwalk.engine.config import preset
+    from sketchwalk.engine.method.config import preset
     from sketchwalk.kernels.flex import available as flex_available
 
     dev = _dev(ctx)

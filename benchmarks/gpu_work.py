@@ -15,8 +15,8 @@ import argparse
 import json
 
 from sketchwalk.benchmarks.attention import SHAPES
-from sketchwalk.engine.config import PRESETS, preset
-from sketchwalk.engine.sketch import sample_positions
+from sketchwalk.engine.method.config import PRESETS, preset
+from sketchwalk.engine.method.sketch import sample_positions
 from sketchwalk.kernels.triton_block_mass import block_mass_work, dense_attention_work
 
 

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from sketchwalk.allocator import keep_freed_memory
 from sketchwalk.benchmarks.model import DEFAULT_TEXT, prompt_ids
-from sketchwalk.engine.config import PRESETS, SketchWalkConfig, preset
+from sketchwalk.engine.method.config import PRESETS, SketchWalkConfig, preset
 from sketchwalk.kernels.cpu import block_sparse_attention_cpu
 from sketchwalk.kernels.lists import BlockLists
 
@@ -45,10 +45,10 @@ def _config(name: str, density: float) -> SketchWalkConfig:
 
 def capture(tokens: int, preset_name: str, layers: list[int], density: float) -> list[dict]:
     """The kernel's arguments at the given layers during one sparse prefill of the real model."""
-    import sketchwalk.engine.pipeline as pipeline
-    from sketchwalk.engine.hook import NAME
-    from sketchwalk.engine.models import load_model
-    from sketchwalk.engine.session import Session, sketch_walk_session
+    import sketchwalk.engine.method.pipeline as pipeline
+    from sketchwalk.engine.hf.hook import NAME
+    from sketchwalk.engine.hf.session import Session, sketch_walk_session
+    from sketchwalk.engine.run.models import load_model
 
     lm = load_model()
     ids = prompt_ids(lm.tokenizer, DEFAULT_TEXT.read_text(), tokens)

@@ -16,7 +16,7 @@ import argparse
 
 import numpy as np
 
-from sketchwalk.engine.records import BlockSpan, LayerRecord, RunResult, TokenRecord
+from sketchwalk.engine.run.records import BlockSpan, LayerRecord, RunResult, TokenRecord
 
 WORDS = ("the", "river", "flows", "past", "old", "mill", "towards", "sea", "and", "hills")
 

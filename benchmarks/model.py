@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.speed import Ceiling
-from sketchwalk.engine.timing import Pass, run_variant
+from sketchwalk.engine.method.config import SketchWalkConfig
+from sketchwalk.engine.run.speed import Ceiling
+from sketchwalk.engine.run.timing import Pass, run_variant
 
 DEFAULT_TEXT = Path("/usr/share/common-licenses/GPL-3")  # the issue-12 prompt
 
@@ -44,7 +44,7 @@ def _med(xs: list[float]) -> float:
 
 def _ceiling(attn: float | None, whole: float, density: float) -> float | None:
     """The most the whole model can gain at this density from the dense pass's attention share
-    (engine/speed.py Ceiling); None without a dense attention time."""
+    (engine/run/speed.py Ceiling); None without a dense attention time."""
     c = Ceiling.of("", attn, whole, density)
     return None if c is None else round(c.at_density, 3)
 

@@ -4,7 +4,7 @@ Why: a lent GPU has no network and no Llama weights, and the project is not inst
 Llama-3.1-8B-shaped model with random (seeded) weights runs the same matmuls, attention, KV cache
 and Sketch&Walk hook as the real one, so its prefill and decode times are honest; its outputs and
 its selections mean nothing, so never use it for quality. Token ids are random too (no tokenizer).
-Kept apart from engine/models.py, the loader of real models, which it shares nothing with.
+Kept apart from engine/run/models.py, the loader of real models, which it shares nothing with.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def build_random_model(
     CPU memory), on SDPA and registered for attn_implementation="sketch_walk"."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from sketchwalk.engine.hook import register
+    from sketchwalk.engine.hf.hook import register
 
     shape = model_shape(name)
     n = shape.layers if layers is None else layers

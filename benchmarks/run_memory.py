@@ -32,7 +32,7 @@ def make_model(path: Path) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from sketchwalk.engine.models import convert_default
+    from sketchwalk.engine.run.models import convert_default
 
     if (path / "config.json").exists():
         return path
@@ -117,7 +117,7 @@ def main() -> None:
     p.add_argument("--model-dir", default=None, help="where the tiny model is kept (cached)")
     args = p.parse_args()
     if args.model_dir is None:
-        from sketchwalk.engine.models import cache_dir
+        from sketchwalk.engine.run.models import cache_dir
 
         args.model_dir = str(cache_dir() / "models" / "bench-tiny-llama-h128-65k")
     model = make_model(Path(args.model_dir))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sketchwalk.engine.records import BlockSpan, LayerRecord, RunResult, TokenRecord
+from sketchwalk.engine.run.records import BlockSpan, LayerRecord, RunResult, TokenRecord
 from sketchwalk.store import open_store
 
 

@@ -281,7 +281,7 @@ def _bench_model(args: argparse.Namespace) -> tuple:
     """(model, tokenizer, id, max context, token_ids or None, extra row fields): the real model
     loaded, or a random-weight one built on the device (benchmarks/random_model.py)."""
     if args.random_weights is None:
-        from sketchwalk.engine.models import load_model
+        from sketchwalk.engine.run.models import load_model
 
         lm = load_model(args.model, args.dtype, args.device)
         return lm.model, lm.tokenizer, lm.model_id, lm.max_context, None, {"random_weights": False}
@@ -292,7 +292,7 @@ def _bench_model(args: argparse.Namespace) -> tuple:
         build_random_model,
         random_token_ids,
     )
-    from sketchwalk.engine.models import DTYPES
+    from sketchwalk.engine.run.models import DTYPES
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SketchWalkError(f"device {args.device} asked for but CUDA is not available here")

@@ -56,8 +56,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.tokens < 4 * cfg.block_size:
         raise SketchWalkError(f"--tokens must be at least {4 * cfg.block_size}, got {args.tokens}")
     name, text = _text(args.text)
-    from sketchwalk.engine.layer_profile import save
-    from sketchwalk.engine.models import load_model
+    from sketchwalk.engine.method.layer_profile import save
+    from sketchwalk.engine.run.models import load_model
     from sketchwalk.eval.calibrate import calibrate
 
     lm = load_model(args.model, args.dtype, args.device)

@@ -120,7 +120,7 @@ def add_rope_arg(p: argparse.ArgumentParser) -> None:
 
 def rope_scale(args: argparse.Namespace):
     """The parsed --rope-scale (None without one); a bad one is a one-line error."""
-    from sketchwalk.engine.models import parse_rope_scale
+    from sketchwalk.engine.run.models import parse_rope_scale
 
     return parse_rope_scale(getattr(args, "rope_scale", None))
 
@@ -178,7 +178,7 @@ def _ints(text: str, what: str, hi: int = flags.MAX_TOKENS) -> tuple[int, ...]:
 
 
 def _methods(text: str | None) -> tuple[str, ...]:
-    from sketchwalk.engine.methods import names
+    from sketchwalk.engine.method.methods import names
 
     allowed = names(sparse_only=True)
     if text is None:
@@ -228,7 +228,7 @@ def build(args: argparse.Namespace):
 def cmd_eval(args: argparse.Namespace) -> int:
     spec, tasks, lengths, depths = build(args)
 
-    from sketchwalk.engine.models import load_model
+    from sketchwalk.engine.run.models import load_model
     from sketchwalk.eval import report as eval_report
     from sketchwalk.eval.grid import run_grid
     from sketchwalk.eval.items import build_items

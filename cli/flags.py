@@ -100,7 +100,7 @@ def text_list(what: str) -> Callable[[str], str]:
 
 def layer_ids(text: str, what: str) -> tuple[int, ...]:
     """'0,1' -> (0, 1); '' -> (); each a layer index in 0..MAX_LAYERS-1 (one-line error)."""
-    from sketchwalk.engine.config import ConfigError
+    from sketchwalk.errors import ConfigError
 
     parts = [x.strip() for x in text.split(",") if x.strip()]
     if len(text) > MAX_TEXT or any(len(p) > 8 for p in parts):

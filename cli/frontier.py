@@ -83,7 +83,7 @@ def build(args: argparse.Namespace):
 
 def cmd_frontier(args: argparse.Namespace) -> int:
     spec, tasks, lengths = build(args)
-    from sketchwalk.engine.models import load_model
+    from sketchwalk.engine.run.models import load_model
     from sketchwalk.eval.frontier import distance_to_oracle, format_frontier
     from sketchwalk.eval.grid import run_grid
     from sketchwalk.eval.items import build_items

@@ -1,4 +1,4 @@
-"""Command-line flags generated from the knob declarations (engine/config.py).
+"""Command-line flags generated from the knob declarations (engine/method/config.py).
 
 Every flag defaults to "not given", so a preset (`--preset paper`) supplies the base and only the
 flags a person typed change it. A new knob in SketchWalkConfig shows up here by itself.
@@ -20,7 +20,7 @@ def flag_name(name: str, flag: str = "") -> str:
 
 def add_config_args(p: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
     """--preset and one flag per declared knob (except `exclude`), grouped like the app."""
-    from sketchwalk.engine.config import PRESETS, default_of, knobs, presets_help
+    from sketchwalk.engine.method.config import PRESETS, default_of, knobs, presets_help
 
     p.add_argument(
         "--preset",
@@ -70,7 +70,7 @@ def parse_ids(text: str, what: str) -> tuple[int, ...]:
 
 def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The knobs a person gave on the command line (not the preset's)."""
-    from sketchwalk.engine.config import knobs
+    from sketchwalk.engine.method.config import knobs
 
     out: dict[str, Any] = {}
     for f, k in knobs():
@@ -86,7 +86,7 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def config_from_args(args: argparse.Namespace, **fixed: Any):
     """The validated config: the preset (not given: the one for the run's --device), then the
     flags given, then `fixed` (one-line errors)."""
-    from sketchwalk.engine.config import device_preset, preset
+    from sketchwalk.engine.method.config import device_preset, preset
 
     name = getattr(args, "preset", None) or device_preset(getattr(args, "device", None))
     return preset(name, **{**config_overrides(args), **fixed})

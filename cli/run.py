@@ -77,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """Check everything, then one lifecycle (worker.lifecycle.execute): a signal or an error
     marks the stored run failed with one line before the command exits."""
-    from sketchwalk.engine.request import RunRequest, check_device
+    from sketchwalk.engine.run.request import RunRequest, check_device
     from sketchwalk.settings import load as load_settings
     from sketchwalk.worker.lifecycle import execute, signals_interrupt
 
@@ -101,7 +101,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     bar = _progress_bar()
 
     def load(model: str | None, dtype: str):
-        from sketchwalk.engine.models import load_model
+        from sketchwalk.engine.run.models import load_model
 
         return load_model(model, dtype, device)
 
@@ -144,13 +144,13 @@ class _progress_bar:
 
 
 def _density(m: dict) -> float | None:
-    from sketchwalk.engine.speed import ceiling_density
+    from sketchwalk.engine.run.speed import ceiling_density
 
     return ceiling_density(m.get("density_achieved"), m.get("density_target"))
 
 
 def summarize(result, run_id: str | None, time_only: bool = False) -> dict:
-    from sketchwalk.engine.speed import summary as speed_summary
+    from sketchwalk.engine.run.speed import summary as speed_summary
 
     m = result.metrics
     return {
@@ -221,7 +221,7 @@ def print_human(s: dict) -> None:
         f"quality  KL {f(s['kl_mean'])}  top-1 {f(s['top1_agreement'], '.3f')}  "
         f"ppl {f(s['ppl_dense'], '.2f')} -> {f(s['ppl_sparse'], '.2f')}  generation KL {f(s['gen_kl_mean'])}"
     )
-    from sketchwalk.engine.speed import lines
+    from sketchwalk.engine.run.speed import lines
 
     for line in lines(s["timings"], s["time_only"], _density(s)):
         print(line)

@@ -1,23 +1,24 @@
 """Calibrate a model's layer profile from the dense model's exact attention on a text.
 
 One dense prefill; at every layer the config would run sparse, the exact block mass, pooled as
-the config pools (`pool`), is turned into what that layer's budget could buy (engine/select.py
+the config pools (`pool`), is turned into what that layer's budget could buy (engine/method/select.py
 tile_offers, the items the selection ranks) and the items of all layers are ranked together
-(engine/layer_profile.py allocate).
+(engine/method/layer_profile.py allocate).
 """
 
 from __future__ import annotations
 
 import torch
 
-from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.hook import NAME
-from sketchwalk.engine.layer_profile import TARGETS, LayerProfile, allocate, fingerprint
-from sketchwalk.engine.pipeline import key_span, layer_exact
-from sketchwalk.engine.recorder import LayerStep, RecorderOptions
-from sketchwalk.engine.select import ForcedRule, Offers, Tiles, budget_masks, tile_offers
-from sketchwalk.engine.session import sketch_walk_session
-from sketchwalk.engine.timing import last_logits_only
+from sketchwalk.engine.hf.hook import NAME
+from sketchwalk.engine.hf.session import sketch_walk_session
+from sketchwalk.engine.method.config import SketchWalkConfig
+from sketchwalk.engine.method.layer_profile import TARGETS, LayerProfile, allocate, fingerprint
+from sketchwalk.engine.method.pipeline import layer_exact
+from sketchwalk.engine.method.select import ForcedRule, Offers, Tiles, budget_masks, tile_offers
+from sketchwalk.engine.method.sketch import key_span
+from sketchwalk.engine.run.recorder import LayerStep, RecorderOptions
+from sketchwalk.engine.run.timing import last_logits_only
 from sketchwalk.errors import SketchWalkError
 
 

@@ -17,7 +17,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from sketchwalk.engine.config import default_of, knobs
+from sketchwalk.engine.method.config import default_of, knobs
 
 # knobs worth naming in a point's label, by their short names
 SHORT = {

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 import torch
 
 import sketchwalk
-from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.hook import NAME
-from sketchwalk.engine.metrics import kl_per_position, token_logprobs
-from sketchwalk.engine.models import LoadedModel
-from sketchwalk.engine.runner import Decoded, greedy
-from sketchwalk.engine.session import Session, sketch_walk_session
-from sketchwalk.engine.timing import selection_ms, timed_dense
+from sketchwalk.engine.hf.hook import NAME
+from sketchwalk.engine.hf.session import Session, sketch_walk_session
+from sketchwalk.engine.method.config import SketchWalkConfig
+from sketchwalk.engine.run.metrics import kl_per_position, token_logprobs
+from sketchwalk.engine.run.models import LoadedModel
+from sketchwalk.engine.run.runner import Decoded, greedy
+from sketchwalk.engine.run.timing import selection_ms, timed_dense
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.eval.items import Item
 from sketchwalk.eval.retrieval import is_correct

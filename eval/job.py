@@ -15,7 +15,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.engine.method.config import SketchWalkConfig
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.store.errors import JobLostError
 

@@ -16,12 +16,12 @@ from collections.abc import Iterator
 
 import torch
 
-from sketchwalk.engine.config import SketchWalkConfig, preset
-from sketchwalk.engine.hook import NAME
-from sketchwalk.engine.metrics import compare_prompt_chunked
-from sketchwalk.engine.models import load_model, parse_rope_scale
-from sketchwalk.engine.runner import LMParts
-from sketchwalk.engine.session import sketch_walk_session
+from sketchwalk.engine.hf.hook import NAME
+from sketchwalk.engine.hf.session import sketch_walk_session
+from sketchwalk.engine.method.config import SketchWalkConfig, preset
+from sketchwalk.engine.run.metrics import compare_prompt_chunked
+from sketchwalk.engine.run.models import load_model, parse_rope_scale
+from sketchwalk.engine.run.runner import LMParts
 from sketchwalk.errors import SketchWalkError
 
 

@@ -71,7 +71,7 @@ def is_server_store(url: str | None) -> bool:
 
 
 def _model(spec: ModelSpec):
-    from sketchwalk.engine.models import load_model
+    from sketchwalk.engine.run.models import load_model
 
     key = (spec.model_id, spec.dtype, spec.resolved_device())
     if key not in _MODELS:

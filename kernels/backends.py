@@ -8,7 +8,7 @@ name is the device's automatic backend's (flex names attention only). Which back
 caller's argument, else the one bound with `use_backend` (a session binds its own), else
 SKETCHWALK_KERNEL, else by device: Triton on CUDA (and on CPU tensors under TRITON_INTERPRET=1),
 the CPU kernels otherwise. The reference backend is plain torch for every op. Limits are
-declared here and checked when a run is asked for (engine/request.py), not late inside a kernel
+declared here and checked when a run is asked for (engine/run/request.py), not late inside a kernel
 after the model has loaded.
 """
 

@@ -52,7 +52,7 @@ def check_block_mass_inputs(
 
 def normalise_rows(mass: torch.Tensor) -> torch.Tensor:
     """Rows of pooled block mass [..., n] scaled to sum to 1 (rows of zeros stay zero), as
-    engine/sketch.py aggregate_heads does after pooling."""
+    engine/method/sketch.py aggregate_heads does after pooling."""
     total = mass.sum(-1, keepdim=True)
     return torch.where(total > 0, mass / total.clamp(min=1e-30), mass)
 

@@ -89,7 +89,7 @@ def block_view(rows: torch.Tensor, b: int) -> torch.Tensor:
 
 def rows_contiguous(x: torch.Tensor) -> bool:
     """[..., L, d] whose token rows follow one another within each head: a contiguous cache, or
-    the filled part of a cache with room (engine/cache.py), whose heads are further apart."""
+    the filled part of a cache with room (engine/hf/cache.py), whose heads are further apart."""
     return x.stride(-1) == 1 and x.stride(-2) == x.shape[-1]
 
 

@@ -7,10 +7,10 @@ Why: a decode step is a handful of microseconds of arithmetic per layer, so on C
 number of torch ops (each can wait for an OpenMP wake-up on a loaded machine) and the bytes it
 copies. The stateless kernel (kernels/cpu.py `_decode`) gathers the listed blocks every step, a
 chunk at a time, and merges chunks by log-sum-exp: ~25 ops. When the session reuses a selection
-(engine/decode.py `reusable`), the listed blocks before the current one are immutable past
+(engine/method/decode.py `reusable`), the listed blocks before the current one are immutable past
 tokens, so they are gathered once into a buffer with room for one more block; each step copies the
 current block's tokens (at most one block) behind them and runs one SDPA call: 3 ops. A selection
-kept across key blocks (`engine/select.py` `extend_selection`) takes the finished block into the
+kept across key blocks (`engine/method/select.py` `extend_selection`) takes the finished block into the
 buffer and moves on (`advance`), given room for more blocks.
 
 Applies to one sequence without left padding whose lists have one group or one per KV head
@@ -111,7 +111,7 @@ def advance(
     gkv: GatheredKV, k: torch.Tensor, v: torch.Tensor, source: object = None
 ) -> GatheredKV | None:
     """The gathered K/V of a selection that kept gkv's lists and added the block after gkv.cur
-    (engine/select.py `extend_selection`): block gkv.cur, now full, joins the gathered tokens and
+    (engine/method/select.py `extend_selection`): block gkv.cur, now full, joins the gathered tokens and
     the next block becomes the current one. In place, no regathering; None when the buffer has no
     room for another block (then gather afresh)."""
     b = gkv.block_size
@@ -152,7 +152,7 @@ def attend(
 class Keeper:
     """The CPU backend's DecodeKeeper (kernels/backends.py): a selection's K/V gathered once and
     kept while the session reuses it. Lists are told apart by their index tensor's identity: a
-    reused selection hands the same one each step, an extended one (engine/select.py
+    reused selection hands the same one each step, an extended one (engine/method/select.py
     extend_selection) a new one whose predecessor is `extended_from`."""
 
     def plan(

@@ -1,6 +1,6 @@
 """The engine-to-kernel contract: which key blocks each query block (or tile) attends to.
 
-A selection (engine/select.py) builds one BlockLists per layer step; every backend
+A selection (engine/method/select.py) builds one BlockLists per layer step; every backend
 (kernels/backends.py) takes it as it is. Conventions (kernels/reference.py has the exact ones):
 - index [B, G, NQ, K] int32: sorted key-block ids per (batch, head group, query row of lists);
   entries past count [B, G, NQ] are ignored. G divides the query heads; head h uses group
@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
+
+from .reference import dense_block_index, tiles_of_rows
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,6 @@ class BlockLists:
         """One list per tile of tile_rows consecutive query blocks: the union of theirs.
         width: a bound on the unions' length known on the host (no device read); see
         kernels/reference.py tiles_of_rows."""
-        from .reference import tiles_of_rows
-
         if self.query_block is not None:
             raise ValueError("these lists are already per query tile")
         index, count = tiles_of_rows(self.index, self.count, tile_rows, n_kblocks, width)
@@ -63,7 +63,5 @@ def dense_lists(
     batch: int, groups: int, lq: int, lk: int, block_size: int, device: torch.device | str = "cpu"
 ) -> BlockLists:
     """Lists that select every causal key block: the kernels then equal dense attention."""
-    from .reference import dense_block_index
-
     index, count = dense_block_index(batch, groups, lq, lk, block_size, device)
     return BlockLists(index, count, block_size)

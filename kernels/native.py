@@ -99,7 +99,7 @@ def _build_key() -> str:
 
 
 def _cache_dir() -> Path:
-    """Where engine/models.py keeps converted models too: $SKETCHWALK_CACHE, else
+    """Where engine/run/models.py keeps converted models too: $SKETCHWALK_CACHE, else
     $XDG_CACHE_HOME/sketchwalk, else ~/.cache/sketchwalk."""
     root = os.environ.get("SKETCHWALK_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sketchwalk"

@@ -173,7 +173,7 @@ def poisoned(like: torch.Tensor) -> torch.Tensor:
 
 def with_room(x: torch.Tensor, room: int) -> torch.Tensor:
     """x [B, H, L, D] as the filled part of a buffer with `room` more rows per head, NaN there,
-    as a growing KV cache hands it over (engine/cache.py): a kernel that reads past L, or that
+    as a growing KV cache hands it over (engine/hf/cache.py): a kernel that reads past L, or that
     assumes the heads are L rows apart, gives NaN or wrong values."""
     bsz, h, length, d = x.shape
     buf = torch.full((bsz, h, length + room, d), float("nan"), dtype=x.dtype)

@@ -3,3 +3,7 @@
 
 class SketchWalkError(ValueError):
     """Bad input or a fixable situation; str(exc) is a single line meant for the user."""
+
+
+class ConfigError(SketchWalkError):
+    """A knob is out of range; the message is one line meant for the user."""

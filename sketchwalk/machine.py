@@ -14,7 +14,7 @@ import platform
 
 import torch
 
-from sketchwalk.engine.estimators.sampled import score_dtype
+from sketchwalk.engine.method.estimators.sampled import score_dtype
 from sketchwalk.kernels.native import library
 
 

@@ -6,7 +6,7 @@
         store.save_result(run_id, result)  # one transaction
         hm = store.heatmap(run_id, "prefill", 0, layer=5)
 
-No torch here: the store takes the engine's plain records (sketchwalk.engine.records).
+No torch here: the store takes the engine's plain records (sketchwalk.engine.run.records).
 """
 
 from sketchwalk.store.core import Store, open_store

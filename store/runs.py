@@ -17,8 +17,8 @@ import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from sketchwalk.engine.records import RunResult
-from sketchwalk.engine.speed import CLEAN_FAILED
+from sketchwalk.engine.run.records import RunResult
+from sketchwalk.engine.run.speed import CLEAN_FAILED
 from sketchwalk.store import frames, jsonio, schema
 from sketchwalk.store.bulk import insert_arrow
 from sketchwalk.store.db import db_clock, db_utcnow, utcnow

@@ -109,7 +109,7 @@ class _Checker:
 
     def phases(self) -> None:
         """'prefill', 'decode', or either with a KV-head group tag ('prefill:g2')."""
-        from sketchwalk.engine.records import split_phase
+        from sketchwalk.engine.run.records import split_phase
 
         values = self.data["phase"]
         good = [

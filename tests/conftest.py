@@ -46,7 +46,7 @@ def _no_user_layer_profiles(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random Llama with the real tokenizer, saved once per test session."""
-    from sketchwalk.engine.models import make_tiny_model
+    from tiny_models import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sketchwalk.engine.records import BlockSpan, LayerRecord, RunResult, TokenRecord
+from sketchwalk.engine.run.records import BlockSpan, LayerRecord, RunResult, TokenRecord
 
 B, N = 4, 6  # block size, prompt blocks
 WORDS = [f"w{i} " for i in range(N * B)]

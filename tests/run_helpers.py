@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.engine.method.config import SketchWalkConfig
 
 APP = Path(__file__).resolve().parents[1] / "app" / "streamlit_app.py"
 INJECTION = "<script>alert(1)</script><img src=x onerror=alert(2)>"

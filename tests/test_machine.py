@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sketchwalk.engine.estimators.sampled import score_dtype
+from sketchwalk.engine.method.estimators.sampled import score_dtype
 from sketchwalk.machine import cpu_model, describe, machine_info, run_fields
 
 

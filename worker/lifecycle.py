@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sketchwalk.engine.request import RequestError, RunRequest
+from sketchwalk.engine.run.request import RequestError, RunRequest
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.progress import Progress, no_progress
 
@@ -136,7 +136,7 @@ def execute(
             )
             if job is not None and fence is None:
                 store.update_job(job.job_id, 0.0, "starting", run_id=run_id)
-        from sketchwalk.engine.runner import run
+        from sketchwalk.engine.run.runner import run
 
         opts = request.run_options()
         with _run_heartbeat(store, run_id, heartbeat_s):
@@ -178,7 +178,7 @@ def _quality_then_speed(
     second fenced write merges their timings and ends run and job. Clean passes that fail leave
     the run done with its quality half and a one-line `clean_failed` timings note: what was
     measured is whole, only the speed half is missing."""
-    from sketchwalk.engine.runner import run, speed_timings, with_layer_dense
+    from sketchwalk.engine.run.runner import run, speed_timings, with_layer_dense
     from sketchwalk.store.runs import SPEED_PENDING
 
     opts = request.run_options()
@@ -226,7 +226,7 @@ def _quality_then_speed(
     result.timings.update(more)
     with_layer_dense(result.layers, layer_dense)
     if failed:
-        from sketchwalk.engine.speed import CLEAN_FAILED
+        from sketchwalk.engine.run.speed import CLEAN_FAILED
 
         result.timings[CLEAN_FAILED] = failed
     return result

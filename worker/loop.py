@@ -67,7 +67,7 @@ class ModelCache:
         self.loads = 0  # how many real loads happened (tests check models are reused)
 
     def get(self, model_id: str | None, dtype: str, device: str):
-        from sketchwalk.engine.models import DEFAULT_MODEL, load_model
+        from sketchwalk.engine.run.models import DEFAULT_MODEL, load_model
 
         key = (model_id or DEFAULT_MODEL, dtype, device)
         with self._lock:
@@ -96,8 +96,8 @@ def make_request(
     worker under its deployment's limits) as its own `to_dict` writes it, the one shape of a
     run job. What a worker decides for its machine stays open unless given: dtype None (the
     worker's SKETCHWALK_DTYPE) and no exact_max_tokens (its SKETCHWALK_EXACT_MAX_TOKENS)."""
-    from sketchwalk.engine.config import SketchWalkConfig
-    from sketchwalk.engine.request import RunRequest
+    from sketchwalk.engine.method.config import SketchWalkConfig
+    from sketchwalk.engine.run.request import RunRequest
 
     data = RunRequest(
         prompt=prompt,

@@ -23,7 +23,7 @@ def run(ctx: JobContext) -> str | None:
     loads; the lifecycle records any later failure in the run and, fenced, in the job.
     JobInterrupted from a checkpoint passes through (the worker releases the job).
     """
-    from sketchwalk.engine.request import Limits, RunRequest
+    from sketchwalk.engine.run.request import Limits, RunRequest
 
     settings = ctx.worker.settings
     try:

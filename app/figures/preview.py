@@ -13,11 +13,11 @@ def selection_rule(
     n: int, prompt_tokens: int, config: dict[str, Any]
 ) -> tuple[np.ndarray, np.ndarray]:
     """(candidates [n, n], forced [n, n]) of prefill rows, from the engine's own rule
-    (engine/select.py): causal candidates; sink, window and dense-tail rows forced."""
+    (engine/method/select.py): causal candidates; sink, window and dense-tail rows forced."""
     import torch
 
-    from sketchwalk.engine.config import SketchWalkConfig
-    from sketchwalk.engine.select import ForcedRule, candidate_mask, forced_mask
+    from sketchwalk.engine.method.config import SketchWalkConfig
+    from sketchwalk.engine.method.select import ForcedRule, candidate_mask, forced_mask
 
     cfg = SketchWalkConfig.from_stored(config)
     rows = torch.arange(n)
@@ -44,8 +44,8 @@ def preview_selection(
     """
     import torch
 
-    from sketchwalk.engine.pipeline import choose_blocks
-    from sketchwalk.engine.select import selection_mask
+    from sketchwalk.engine.method.pipeline import choose_blocks
+    from sketchwalk.engine.method.select import selection_mask
 
     cfg = _config_at(config, density)
     scores = np.asarray(scores, dtype=np.float32)
@@ -61,8 +61,8 @@ def preview_selection(
 
 def _config_at(config: dict[str, Any], density: float | Sequence[float]) -> Any:
     """The run's config at one density, or at one per group (their mean as `density`, as the
-    session configures a layer of a profile: engine/session.py cfg_for)."""
-    from sketchwalk.engine.config import SketchWalkConfig
+    session configures a layer of a profile: engine/hf/session.py cfg_for)."""
+    from sketchwalk.engine.method.config import SketchWalkConfig
 
     per = [float(density)] if isinstance(density, int | float) else [float(d) for d in density]
     mean = min(sum(per) / len(per), 1.0)
@@ -117,7 +117,7 @@ def preview_basis(
     cannot be read from a stored record). A per-group run's records of each group
     (`group_records`, in group order) give the scores each group ranked; its stored group
     densities (the run's metrics `layer_densities`) the budgets."""
-    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.method.config import SketchWalkConfig
 
     cfg = SketchWalkConfig.from_stored({**config, "method": method})
     per_group, walked = cfg.per_group, cfg.effective_beta > 0
@@ -171,7 +171,7 @@ def method_scores(hm: dict[str, Any], method: str, walked: bool = True) -> np.nd
     record cannot reproduce them (methods scoring raw queries and keys). walked False: the run
     selected with the walk off, so a walking method ranked A_l (the sketch estimate); a stored
     walk is then the counterfactual's, shown but never selected on."""
-    from sketchwalk.engine.methods import REGISTRY
+    from sketchwalk.engine.method.methods import REGISTRY
 
     spec = REGISTRY.get(method)
     if spec is None or spec.preview is None:

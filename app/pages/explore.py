@@ -14,9 +14,10 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from sketchwalk.app import figures, prompts, view_link, widgets
 from sketchwalk.app.verdict import FAR_ABS, FAR_RATIO
-from sketchwalk.engine.config import ConfigError, SketchWalkConfig
-from sketchwalk.engine.records import group_phase, split_phase
-from sketchwalk.engine.request import stored_time_only
+from sketchwalk.engine.method.config import SketchWalkConfig
+from sketchwalk.engine.run.records import group_phase, split_phase
+from sketchwalk.engine.run.request import stored_time_only
+from sketchwalk.errors import ConfigError
 from sketchwalk.settings import load as load_settings
 from sketchwalk.store.limits import view_refusal
 from sketchwalk.store.needle import (

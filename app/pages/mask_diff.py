@@ -12,7 +12,7 @@ import pandas as pd
 import streamlit as st
 
 from sketchwalk.app import figures, widgets
-from sketchwalk.engine.request import stored_time_only
+from sketchwalk.engine.run.request import stored_time_only
 
 DIFF_KEY = "diff_pair"
 

@@ -7,9 +7,9 @@ import streamlit as st
 from sketchwalk import access, settings
 from sketchwalk.app import knob_widgets, prompts, widgets
 from sketchwalk.app.verdict import FAR_ABS, FAR_RATIO, density_floor
-from sketchwalk.engine.config import PRESETS, ConfigError, presets_help
-from sketchwalk.engine.request import Limits, RequestError, RunRequest
-from sketchwalk.errors import SketchWalkError
+from sketchwalk.engine.method.config import PRESETS, presets_help
+from sketchwalk.engine.run.request import Limits, RequestError, RunRequest
+from sketchwalk.errors import ConfigError, SketchWalkError
 from sketchwalk.store.errors import StoreError
 from sketchwalk.text import plain_markdown
 from sketchwalk.worker.loop import make_request
@@ -178,7 +178,7 @@ if n_tokens is not None and info is not None:
             f"The prompt has {n_tokens} tokens; with {int(max_new)} new tokens that exceeds the limit of {limit} tokens."
         )
     elif cfg is not None:
-        try:  # what the worker will check too (engine/request.py), before anything is queued
+        try:  # what the worker will check too (engine/run/request.py), before anything is queued
             RunRequest(
                 prompt=prompt,
                 config=cfg,

@@ -1,14 +1,14 @@
 """Speed: the clean pass's dense/sparse ratios first (what a user's own code would see), the
 run's own passes and the recording overhead beside them, stage timings per layer against dense
-attention, and density sweeps of one prompt. Timings are read through engine/speed.py."""
+attention, and density sweeps of one prompt. Timings are read through engine/run/speed.py."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from sketchwalk.app import figures, speed_numbers, sweep, widgets
-from sketchwalk.engine import speed
-from sketchwalk.engine.request import stored_time_only
+from sketchwalk.engine.run import speed
+from sketchwalk.engine.run.request import stored_time_only
 from sketchwalk.text import plain_markdown
 
 SWEEP_DENSITIES = (0.05, 0.1, 0.2, 0.3, 0.5)

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from sketchwalk.app.figures import HOUSE_COLOURWAY
 from sketchwalk.app.verdict import density_floor
-from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.engine.method.config import SketchWalkConfig
 from sketchwalk.eval import job as eval_job
 from sketchwalk.store import open_store
 

@@ -43,7 +43,7 @@ def test_compare_explains_a_token_of_the_run_switched_to(app_env):
 def _timed(prefill: tuple[tuple[float, float], ...], attn_share: float = 0.5) -> dict:
     """Clean timings of passes given as (dense ms, sparse ms): the medians of the times and the
     median of the ratios differ on purpose."""
-    from sketchwalk.engine.runner import median_timings
+    from sketchwalk.engine.run.runner import median_timings
 
     runs = [
         {
@@ -198,7 +198,7 @@ def test_the_pre_run_density_warning_counts_the_floor_as_the_engine_does(fresh, 
 
 
 def knob_config(at) -> dict:
-    from sketchwalk.engine.config import SketchWalkConfig
+    from sketchwalk.engine.method.config import SketchWalkConfig
 
     return SketchWalkConfig(density=at.slider(key="nr_density").value).to_dict()
 

@@ -29,7 +29,7 @@ def profiled(tmp_path_factory, tiny_model, models):
 
     from transformers import AutoConfig
 
-    from sketchwalk.engine.layer_profile import LayerProfile, fingerprint, save
+    from sketchwalk.engine.method.layer_profile import LayerProfile, fingerprint, save
     from sketchwalk.worker.loop import Worker, make_request
 
     folder = tmp_path_factory.mktemp("profiles")
@@ -235,7 +235,7 @@ def test_per_token_kl_bars_open_on_a_readable_window_around_the_worst_prompt_tok
 def test_runs_show_their_preset_and_no_two_runs_share_a_label(app_env):
     from sketchwalk.app import widgets
     from sketchwalk.app.run_names import preset_of
-    from sketchwalk.engine.config import PRESETS, preset
+    from sketchwalk.engine.method.config import PRESETS, preset
 
     assert preset_of(preset("default").to_dict()) == "default"
     assert preset_of(preset("paper", density=0.1).to_dict()) == "paper"

@@ -8,9 +8,9 @@ import pytest
 
 from sketchwalk.app import prompts
 from sketchwalk.app.verdict import needle_item
-from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.models import load_model
-from sketchwalk.engine.runner import RunOptions, run
+from sketchwalk.engine.method.config import SketchWalkConfig
+from sketchwalk.engine.run.models import load_model
+from sketchwalk.engine.run.runner import RunOptions, run
 from sketchwalk.eval.retrieval import make_item
 
 pytestmark = pytest.mark.slow

@@ -70,7 +70,7 @@ def test_new_run_validates_submits_and_shows_the_finished_job(fresh_db, tiny_mod
     assert at.button(key="btn_run").disabled
     at.text_input(key="nr_dense_layers").input("0").run()
     # every declared knob has a widget, the per-group switch and the query window included
-    from sketchwalk.engine.config import knobs
+    from sketchwalk.engine.method.config import knobs
 
     assert all(f"nr_{f.name}" in at.session_state for f, _ in knobs())
     assert at.checkbox(key="nr_per_group").value is True
@@ -207,7 +207,7 @@ def test_explore_shows_each_layers_target_from_the_runs_layer_profile(
     run's density, and the per-layer curves draw the targets beside the achieved densities."""
     from transformers import AutoConfig
 
-    from sketchwalk.engine.layer_profile import LayerProfile, fingerprint, save
+    from sketchwalk.engine.method.layer_profile import LayerProfile, fingerprint, save
 
     monkeypatch.setenv("SKETCHWALK_PROFILES", str(tmp_path / "profiles"))
     url = str(tmp_path / "profiled.duckdb")

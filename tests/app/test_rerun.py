@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sketchwalk.app.widgets import rerun_request
-from sketchwalk.engine.config import LEGACY, SketchWalkConfig, preset
+from sketchwalk.engine.method.config import LEGACY, SketchWalkConfig, preset
 
 
 def test_rerun_of_an_old_run_keeps_its_rules_and_changes_only_what_was_asked():
@@ -18,7 +18,7 @@ def test_rerun_of_an_old_run_keeps_its_rules_and_changes_only_what_was_asked():
 
 
 def test_rerun_keeps_time_only_and_clean_timing_of_any_version():
-    from sketchwalk.engine.request import RunRequest
+    from sketchwalk.engine.run.request import RunRequest
 
     cfg = preset("default").to_dict()
     for stored, time_only, clean in (

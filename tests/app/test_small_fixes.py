@@ -9,7 +9,7 @@ from known_runs import known_result
 from run_helpers import new_app
 
 from sketchwalk.app import prompts
-from sketchwalk.engine.records import TokenRecord
+from sketchwalk.engine.run.records import TokenRecord
 from sketchwalk.store import open_store
 from sketchwalk.worker.loop import Worker
 

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from sketchwalk.app import verdict as v
-from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.runner import decode_spread, median_timings
+from sketchwalk.engine.method.config import SketchWalkConfig
+from sketchwalk.engine.run.runner import decode_spread, median_timings
 
 CONFIG = SketchWalkConfig(density=0.2).to_dict()  # what a run stores: every knob
 

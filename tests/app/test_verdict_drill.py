@@ -9,9 +9,9 @@ import numpy as np
 from run_helpers import new_app, spec
 
 from sketchwalk.app.verdict import FAR_ABS, FAR_RATIO
-from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.models import load_model
-from sketchwalk.engine.runner import probe_queries
+from sketchwalk.engine.method.config import SketchWalkConfig
+from sketchwalk.engine.run.models import load_model
+from sketchwalk.engine.run.runner import probe_queries
 from sketchwalk.store import open_store
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sketchwalk.cli.main import main
-from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.layer_profile import load
+from sketchwalk.engine.method.config import SketchWalkConfig
+from sketchwalk.engine.method.layer_profile import load
 
 
 def test_calibrate_writes_a_profile_for_the_models_architecture(

@@ -166,7 +166,7 @@ def test_control_characters_are_escaped_in_the_terminal(db, capsys):
 
 def test_model_output_reaches_the_terminal_escaped(capsys):
     from sketchwalk.cli.run import print_human, summarize
-    from sketchwalk.engine.records import RunResult
+    from sketchwalk.engine.run.records import RunResult
 
     osc = "\x1b]0;owned\x07\x1b[2J"  # retitle the terminal, clear the screen
     result = RunResult(

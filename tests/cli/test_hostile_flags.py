@@ -118,7 +118,7 @@ def stopped(monkeypatch, tmp_path):
     """Every command stops where it would load a model or time a kernel; cwd is a scratch
     folder (eval writes its --out there)."""
     import sketchwalk.benchmarks.attention as attention
-    import sketchwalk.engine.models as models
+    import sketchwalk.engine.run.models as models
     from sketchwalk.cli import bench
 
     monkeypatch.chdir(tmp_path)

@@ -73,7 +73,7 @@ def test_run_says_how_its_layer_profile_spread_the_density(
     from transformers import AutoConfig
 
     from sketchwalk.cli.run import profile_line
-    from sketchwalk.engine.layer_profile import LayerProfile, fingerprint, save
+    from sketchwalk.engine.method.layer_profile import LayerProfile, fingerprint, save
 
     monkeypatch.setenv("SKETCHWALK_PROFILES", str(tmp_path))
     model_config = AutoConfig.from_pretrained(tiny_model_dir)
@@ -149,7 +149,7 @@ def test_every_knob_has_a_flag_and_presets_are_the_base(capsys):
     import argparse
 
     from sketchwalk.cli.knobs import add_config_args, config_from_args
-    from sketchwalk.engine.config import knobs, preset
+    from sketchwalk.engine.method.config import knobs, preset
 
     with pytest.raises(SystemExit):
         main(["run", "--help"])

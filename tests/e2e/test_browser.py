@@ -56,7 +56,7 @@ def sketchwalk_cmd() -> list[str]:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> str:
-    from sketchwalk.engine.models import make_tiny_model
+    from tiny_models import make_tiny_model
 
     return str(make_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 

@@ -50,8 +50,9 @@ OVERLAPPING_TICKS = """() => {
 
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory):
-    from sketchwalk.engine.config import SketchWalkConfig
-    from sketchwalk.engine.models import make_tiny_model
+    from tiny_models import make_tiny_model
+
+    from sketchwalk.engine.method.config import SketchWalkConfig
     from sketchwalk.store import open_store
     from sketchwalk.worker.loop import Worker, make_request
 

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.browser
 @pytest.fixture(scope="module")
 def passkey_store(tmp_path_factory):
     """A DuckDB file with two finished pass-key runs (density 0.2 and 0.5) and the key."""
-    from sketchwalk.engine.config import SketchWalkConfig
-    from sketchwalk.engine.models import make_tiny_model
+    from tiny_models import make_tiny_model
+
+    from sketchwalk.engine.method.config import SketchWalkConfig
     from sketchwalk.store import open_store
     from sketchwalk.worker.loop import Worker, make_request
 

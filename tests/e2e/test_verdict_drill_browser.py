@@ -25,8 +25,9 @@ CUT_OFF = (  # metric values whose text is wider than their box (cut off with an
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory):
     """A DuckDB file with one finished run of the tiny model; (db, run id, run, tokens)."""
-    from sketchwalk.engine.config import SketchWalkConfig
-    from sketchwalk.engine.models import make_tiny_model
+    from tiny_models import make_tiny_model
+
+    from sketchwalk.engine.method.config import SketchWalkConfig
     from sketchwalk.store import open_store
     from sketchwalk.worker.loop import Worker, make_request
 

@@ -93,8 +93,8 @@ def test_a_session_reads_its_stage_times_once(monkeypatch):
     """A session sums the layers' stage times as they come and turns them into numbers only
     when its timings are asked for."""
     from sketchwalk.engine.clock import Millis
-    from sketchwalk.engine.config import SketchWalkConfig
-    from sketchwalk.engine.session import Session
+    from sketchwalk.engine.hf.session import Session
+    from sketchwalk.engine.method.config import SketchWalkConfig
 
     s = Session(SketchWalkConfig())
     pending = [Millis(1.0), Millis(2.0)]

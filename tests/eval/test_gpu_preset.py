@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from sketchwalk.cli.knobs import add_config_args, config_from_args
-from sketchwalk.engine.config import PRESETS, device_preset, preset
+from sketchwalk.engine.method.config import PRESETS, device_preset, preset
 from sketchwalk.kernels import limits_error
 
 

@@ -34,7 +34,7 @@ def ray_local():
 @pytest.fixture(scope="module")
 def grid(tiny_model_dir):
     """Items of three panels (two lm lengths, one retrieval) and a 2 x 2 grid."""
-    from sketchwalk.engine.models import load_model
+    from sketchwalk.engine.run.models import load_model
 
     lm = load_model(str(tiny_model_dir))
     items = build_items(

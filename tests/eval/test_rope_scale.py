@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sketchwalk.cli.main import main
-from sketchwalk.engine.models import (
+from sketchwalk.engine.run.models import (
     ModelError,
     RopeScale,
     load_model,

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import tiny_llama
 
-from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.session import sketch_walk_session
+from sketchwalk.engine.hf.session import sketch_walk_session
+from sketchwalk.engine.method.config import SketchWalkConfig
 from sketchwalk.kernels import REGISTRY, kernel, native, use_backend
 from sketchwalk.kernels.backends import OPS, choose_backend
-from tests.engine.engine_fixtures import tiny_llama
 
 
 def test_every_automatic_backend_names_every_op():
@@ -43,7 +43,7 @@ def test_a_bound_backend_is_what_kernel_returns_and_ends_with_its_block():
 def test_cpu_ops_match_the_reference_backend(seed):
     """block_mass, block_softmax, sketch_rows, block_lists and absorb_token of the cpu backend
     equal the reference backend's on random shapes (partial blocks, padding, GQA)."""
-    from sketchwalk.engine.sketch import make_srht, sample_positions
+    from sketchwalk.engine.method.sketch import make_srht, sample_positions
 
     g = torch.Generator().manual_seed(seed)
     b = (16, 32)[seed % 2]

@@ -3,7 +3,7 @@
 import pytest
 
 from sketchwalk.benchmarks.decode_fidelity import main, with_rule
-from sketchwalk.engine.config import SketchWalkConfig
+from sketchwalk.engine.method.config import SketchWalkConfig
 
 
 def test_rules_set_the_reselect_knobs():

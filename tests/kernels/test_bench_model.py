@@ -78,8 +78,8 @@ def test_decode_is_the_mean_step_with_the_median_beside_it(monkeypatch):
     import torch
 
     from sketchwalk.benchmarks import model as bench
-    from sketchwalk.engine.config import SketchWalkConfig
-    from sketchwalk.engine.timing import Pass
+    from sketchwalk.engine.method.config import SketchWalkConfig
+    from sketchwalk.engine.run.timing import Pass
 
     def fake(model, ids, new_tokens, cfg, all_logits, backend=None):
         steps = [10.0] * 4 if cfg is None else [4.0, 4.0, 4.0, 28.0]  # one slow re-selection

@@ -22,7 +22,7 @@ def test_sampled_estimator_equals_brute_force_block_mass(
     many chunks, of different widths; long texts: chunks capped by their span); parts: threads
     the queries are cut over (kernels/parts.py, only where each part gets enough queries); native:
     the block softmax in C (kernels/block_softmax.c) or its torch reference."""
-    from sketchwalk.engine.sketch import sample_positions
+    from sketchwalk.engine.method.sketch import sample_positions
     from sketchwalk.kernels import cpu_block_mass as sampled
 
     monkeypatch.setenv("SKETCHWALK_NATIVE", native)
@@ -72,7 +72,7 @@ def test_sampled_estimator_in_bfloat16_stays_close_to_float32(t, b, samples, pad
     """score_dtype bfloat16 rounds the score product only: the masses (float32) stay within
     bfloat16's rounding of the float32 estimate, every scored row still sums to 1, and
     padding stays 0."""
-    from sketchwalk.engine.sketch import sample_positions
+    from sketchwalk.engine.method.sketch import sample_positions
     from sketchwalk.kernels.cpu_block_mass import sampled_block_mass
 
     torch.manual_seed(t + b + pad)
@@ -96,7 +96,7 @@ def test_sampled_estimator_in_bfloat16_stays_close_to_float32(t, b, samples, pad
     "length, b, samples, parts", [(700, 16, 4, 2), (700, 16, 16, 3), (64, 8, 1, 2)]
 )
 def test_work_cuts_end_at_query_blocks_with_about_equal_work(length, b, samples, parts):
-    from sketchwalk.engine.sketch import sample_positions
+    from sketchwalk.engine.method.sketch import sample_positions
     from sketchwalk.kernels.cpu_block_mass import _cuts_by_work
 
     pos = sample_positions(length, b, samples)
@@ -115,7 +115,7 @@ def test_work_cuts_end_at_query_blocks_with_about_equal_work(length, b, samples,
 def test_estimator_chunks_stay_short_against_the_context(lk, samples):
     """A chunk's queries score the keys up to its last query, so its span is masked waste: at
     most lk / 16 positions (or 16 queries), and never more score elements than the budget."""
-    from sketchwalk.engine.sketch import sample_positions
+    from sketchwalk.engine.method.sketch import sample_positions
     from sketchwalk.kernels.cpu_block_mass import _CHUNK_SPAN, _chunk_queries
 
     pos = sample_positions(lk, 16, samples)

@@ -117,7 +117,7 @@ def test_advance_across_blocks_matches_reference_on_the_extended_lists(
 ):
     """A kept selection crossing into new key blocks: each block joins the lists as it starts;
     the advanced buffer attends like the reference on those lists, until its room runs out."""
-    from sketchwalk.engine.select import BlockSelection, extend_selection
+    from sketchwalk.engine.method.select import BlockSelection, extend_selection
 
     gen = torch.Generator().manual_seed(block + heads + 7 * equal)
     d, lk0, room = 32, 5 * block + 3, 3

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sketchwalk.engine.sketch import make_srht
+from sketchwalk.engine.method.sketch import make_srht
 from sketchwalk.kernels import hadamard
 from sketchwalk.kernels.hadamard import srht_rows, srht_rows_reference
 
@@ -44,7 +44,7 @@ def test_c_equals_the_product_on_random_shapes(seed, monkeypatch):
 
 
 def test_the_reference_pools_what_block_pool_pools():
-    from sketchwalk.engine.sketch import block_pool
+    from sketchwalk.engine.method.sketch import block_pool
 
     gen = torch.Generator().manual_seed(3)
     x, valid = torch.randn(2, 3, 70, 16, generator=gen), torch.rand(2, 70, generator=gen) > 0.4

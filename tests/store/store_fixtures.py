@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sketchwalk.engine.records import BlockSpan, LayerRecord, RunResult, TokenRecord
+from sketchwalk.engine.run.records import BlockSpan, LayerRecord, RunResult, TokenRecord
 from sketchwalk.store import Store
 
 

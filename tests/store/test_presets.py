@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sketchwalk.engine.config import PRESETS, SketchWalkConfig, preset
+from sketchwalk.engine.method.config import PRESETS, SketchWalkConfig, preset
 from sketchwalk.store import open_store
 
 

@@ -16,9 +16,11 @@ pytestmark = pytest.mark.slow  # builds a tiny model from the default model's to
 
 @pytest.fixture(scope="module")
 def real_result(tmp_path_factory):
-    from sketchwalk.engine.config import SketchWalkConfig
-    from sketchwalk.engine.models import load_model, make_tiny_model
-    from sketchwalk.engine.runner import RunOptions, run
+    from tiny_models import make_tiny_model
+
+    from sketchwalk.engine.method.config import SketchWalkConfig
+    from sketchwalk.engine.run.models import load_model
+    from sketchwalk.engine.run.runner import RunOptions, run
 
     path = make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
     lm = load_model(str(path))

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from store_fixtures import REQUEST, count_rows, make_result, saved_run
 
-from sketchwalk.engine.records import LayerRecord
+from sketchwalk.engine.run.records import LayerRecord
 from sketchwalk.store import InvalidResultError, UnknownRunError
 from sketchwalk.store.frames import LAYER_SCALARS
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.request import RequestError, RunRequest
+from sketchwalk.engine.method.config import SketchWalkConfig
+from sketchwalk.engine.run.request import RequestError, RunRequest
 from sketchwalk.store import open_store
 from sketchwalk.store.errors import JobLostError
 from sketchwalk.worker import lifecycle

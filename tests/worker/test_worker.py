@@ -86,7 +86,7 @@ def test_prompt_over_the_configured_limit_is_refused(store, tiny_model, models, 
 def test_a_crash_inside_the_run_fails_job_and_run_but_not_the_worker(
     store, tiny_model, models, monkeypatch
 ):
-    import sketchwalk.engine.runner as runner
+    import sketchwalk.engine.run.runner as runner
 
     def boom(*args, **kwargs):
         raise RuntimeError("out of memory\nsecond line")
@@ -385,7 +385,7 @@ def test_a_run_job_stores_its_quality_half_before_its_clean_passes(
 ):
     """The first write: metrics, layer stats, run still running, the job saying the clean passes
     are under way; the second: clean timings merged in, run and job done."""
-    import sketchwalk.engine.runner as runner
+    import sketchwalk.engine.run.runner as runner
     from sketchwalk.store.runs import SPEED_PENDING
 
     real = runner.speed_timings
@@ -415,7 +415,7 @@ def test_a_run_job_stores_its_quality_half_before_its_clean_passes(
 def test_failed_clean_passes_keep_the_quality_half_and_say_so(
     store, tiny_model, models, monkeypatch
 ):
-    import sketchwalk.engine.runner as runner
+    import sketchwalk.engine.run.runner as runner
 
     def broken(*args, **kwargs):
         raise RuntimeError("out of memory\nsecond line")

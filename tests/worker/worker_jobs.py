@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import numpy as np
 import pyarrow.csv as pacsv
 
-from sketchwalk.engine.records import BlockSpan, LayerRecord, RunResult, TokenRecord
+from sketchwalk.engine.run.records import BlockSpan, LayerRecord, RunResult, TokenRecord
 from sketchwalk.worker.loop import run_job_kind
 
 

@@ -18,12 +18,12 @@ import pytest
 import torch
 from device_trace import DeviceTrace, OpCount, pause_in_triton_launches
 
-from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.recorder import Recorder
-from sketchwalk.engine.session import sketch_walk_session
+from sketchwalk.engine.hf.session import sketch_walk_session
+from sketchwalk.engine.method.config import SketchWalkConfig
+from sketchwalk.engine.run.recorder import Recorder
 
 _spec = importlib.util.spec_from_file_location(
-    "engine_fixtures", Path(__file__).parents[2] / "engine" / "engine_fixtures.py"
+    "tiny_models", Path(__file__).parents[2] / "tiny_models.py"
 )
 _fixtures = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_fixtures)
@@ -44,18 +44,18 @@ CONFIGS = {
 }
 # the host reads a selection needs, per sparse layer: its topk's width and its lists' width
 PER_LAYER = {
-    ("engine/select.py", "selection_from_mask"),
-    ("engine/select.py", "group_budget_keep"),
-    ("engine/select.py", "row_budget_keep"),
+    ("engine/method/select.py", "selection_from_mask"),
+    ("engine/method/select.py", "group_budget_keep"),
+    ("engine/method/select.py", "row_budget_keep"),
 }
-PER_STEP = {("engine/select.py", "of")}  # the tile layout, once per forward step (Tiles.of)
+PER_STEP = {("engine/method/select.py", "of")}  # the tile layout, once per forward step (Tiles.of)
 
 
 @pytest.fixture(autouse=True)
 def _device_path(monkeypatch):
     """What differs on a GPU besides the kernels: no C library, and no free `.all()` reads
-    (engine/sketch.py all_on_host answers False off a CPU)."""
-    from sketchwalk.engine import blockstats, score_basis, sketch
+    (engine/method/sketch.py all_on_host answers False off a CPU)."""
+    from sketchwalk.engine.method import blockstats, score_basis, sketch
 
     monkeypatch.setenv("SKETCHWALK_NATIVE", "0")
     monkeypatch.delenv("SKETCHWALK_KERNEL", raising=False)

@@ -19,7 +19,9 @@ import pytest
 from device_trace import DeviceTrace, OpCount, pause_in_triton_launches
 
 from sketchwalk.cli.main import main
-from sketchwalk.engine.sketch import all_on_host as host_all  # the CPU's own, before patching
+from sketchwalk.engine.method.sketch import (
+    all_on_host as host_all,  # the CPU's own, before patching
+)
 
 PROMPT = "Sketch and walk over blocks of tokens, layer after layer, " * 12  # ~145 tokens
 BLOCK = "16"  # 9-10 key blocks: a real selection (density < 1) in the two sparse layers
@@ -27,41 +29,41 @@ BLOCK = "16"  # 9-10 key blocks: a real selection (density < 1) in the two spars
 # host reads a selection needs per sparse layer, and once per forward step (as in
 # test_engine_device_path.py)
 PER_LAYER = {
-    ("engine/select.py", "selection_from_mask"),
-    ("engine/select.py", "group_budget_keep"),
-    ("engine/select.py", "row_budget_keep"),
-    ("engine/select.py", "of"),
+    ("engine/method/select.py", "selection_from_mask"),
+    ("engine/method/select.py", "group_budget_keep"),
+    ("engine/method/select.py", "row_budget_keep"),
+    ("engine/method/select.py", "of"),
 }
 # once per pass or per generated token: the runner's and the clean passes' tokens and results
 PER_RUN = {
-    ("engine/runner.py", "greedy"),
-    ("engine/runner.py", "_run"),
-    ("engine/runner.py", "forward_hidden"),
-    ("engine/runner.py", "judge_logits"),  # the dense judge's logits of the continuation
-    ("engine/runner.py", "dense_key"),  # the prompt's ids hashed once: the dense side's memo
-    ("engine/runner.py", "_token_records"),
-    ("engine/timing.py", "one_pass"),
-    ("engine/metrics.py", "_compare_rows"),
-    ("engine/metrics.py", "perplexity"),
-    ("engine/session.py", "density"),
+    ("engine/run/runner.py", "greedy"),
+    ("engine/run/runner.py", "_run"),
+    ("engine/run/runner.py", "forward_hidden"),
+    ("engine/run/runner.py", "judge_logits"),  # the dense judge's logits of the continuation
+    ("engine/run/runner.py", "dense_key"),  # the prompt's ids hashed once: the dense side's memo
+    ("engine/run/runner.py", "_token_records"),
+    ("engine/run/timing.py", "one_pass"),
+    ("engine/run/metrics.py", "_compare_rows"),
+    ("engine/run/metrics.py", "perplexity"),
+    ("engine/hf/session.py", "density"),
 }
 # what recording costs (per layer, by design: the records are host numpy arrays)
 RECORDER = {
-    ("engine/recorder.py", "_np"),
-    ("engine/recorder.py", "_group_records"),
-    ("engine/recorder.py", "walk_effect_of"),  # the walk's added / dropped counts and mass
-    ("engine/blockstats.py", "row_mean"),
-    ("engine/select.py", "density"),
+    ("engine/run/recorder.py", "_np"),
+    ("engine/run/recorder.py", "_group_records"),
+    ("engine/run/recorder.py", "walk_effect_of"),  # the walk's added / dropped counts and mass
+    ("engine/method/blockstats.py", "row_mean"),
+    ("engine/method/select.py", "density"),
 }
-CALIBRATION = {("engine/layer_profile.py", "allocate"), ("engine/select.py", "of")}
+CALIBRATION = {("engine/method/layer_profile.py", "allocate"), ("engine/method/select.py", "of")}
 EVAL = {("eval/grid.py", "lm_sums"), ("eval/grid.py", "<listcomp>")}
 
 
 @pytest.fixture(autouse=True)
 def _device_path(monkeypatch, tmp_path):
-    """As on a GPU: no C library, no free `.all()` reads (engine/sketch.py all_on_host), the
+    """As on a GPU: no C library, no free `.all()` reads (engine/method/sketch.py all_on_host), the
     Triton backend by device; no user layer profile unless a test calibrates one."""
-    from sketchwalk.engine import blockstats, score_basis, sketch
+    from sketchwalk.engine.method import blockstats, score_basis, sketch
 
     monkeypatch.setenv("SKETCHWALK_NATIVE", "0")
     monkeypatch.delenv("SKETCHWALK_KERNEL", raising=False)
@@ -76,7 +78,7 @@ class Traced:
 
     def __init__(self, monkeypatch) -> None:
         from sketchwalk.benchmarks import random_model
-        from sketchwalk.engine import models
+        from sketchwalk.engine.run import models
 
         self.trace = DeviceTrace()
         self.kernels = OpCount()  # never entered: it only counts the launches
@@ -211,7 +213,7 @@ def test_a_recorded_float32_run_matches_the_cpu_kernels(
     """The same run through the C kernels on the CPU: the same selections and teacher-forced
     metrics (float32, so the kernels differ by rounding only), and the same generations up to a
     near tie."""
-    from sketchwalk.engine import blockstats, score_basis, sketch
+    from sketchwalk.engine.method import blockstats, score_basis, sketch
 
     with Traced(monkeypatch) as t:
         dev = _run(capsys, tiny_model_dir, tmp_path / "dev.duckdb")

@@ -16,12 +16,12 @@ import pytest
 import torch
 from device_trace import DeviceTrace, pause_in_triton_launches
 
-from sketchwalk.engine.config import SketchWalkConfig
-from sketchwalk.engine.recorder import Recorder
-from sketchwalk.engine.session import sketch_walk_session
+from sketchwalk.engine.hf.session import sketch_walk_session
+from sketchwalk.engine.method.config import SketchWalkConfig
+from sketchwalk.engine.run.recorder import Recorder
 
 _spec = importlib.util.spec_from_file_location(
-    "engine_fixtures", Path(__file__).parents[2] / "engine" / "engine_fixtures.py"
+    "tiny_models", Path(__file__).parents[2] / "tiny_models.py"
 )
 _fixtures = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_fixtures)
@@ -40,24 +40,24 @@ CONFIGS = {
     "reselect every step": {"decode_reselect": 1},
 }
 SELECTION = {  # a selection's host reads (test_engine_device_path.py says why)
-    ("engine/select.py", "selection_from_mask"),
-    ("engine/select.py", "group_budget_keep"),
-    ("engine/select.py", "row_budget_keep"),
-    ("engine/select.py", "of"),
-    ("engine/step.py", "of"),  # once a step, where the model hands over a mask (the chunk)
+    ("engine/method/select.py", "selection_from_mask"),
+    ("engine/method/select.py", "group_budget_keep"),
+    ("engine/method/select.py", "row_budget_keep"),
+    ("engine/method/select.py", "of"),
+    ("engine/method/step.py", "of"),  # once a step, where the model hands over a mask (the chunk)
 }
 RECORDER = {  # the recorder's copies to the host and its scalar metrics
-    ("engine/recorder.py", "_np"),
-    ("engine/recorder.py", "_group_records"),
-    ("engine/recorder.py", "walk_effect_of"),  # the walk's added / dropped counts and mass
-    ("engine/blockstats.py", "row_mean"),
-    ("engine/select.py", "density"),
+    ("engine/run/recorder.py", "_np"),
+    ("engine/run/recorder.py", "_group_records"),
+    ("engine/run/recorder.py", "walk_effect_of"),  # the walk's added / dropped counts and mass
+    ("engine/method/blockstats.py", "row_mean"),
+    ("engine/method/select.py", "density"),
 }
 
 
 @pytest.fixture(autouse=True)
 def _device_path(monkeypatch):
-    from sketchwalk.engine import blockstats, score_basis, sketch
+    from sketchwalk.engine.method import blockstats, score_basis, sketch
 
     monkeypatch.setenv("SKETCHWALK_NATIVE", "0")
     monkeypatch.delenv("SKETCHWALK_KERNEL", raising=False)

@@ -11,7 +11,7 @@ import zlib
 import pytest
 import torch
 
-from sketchwalk.engine.sketch import sample_positions
+from sketchwalk.engine.method.sketch import sample_positions
 from sketchwalk.kernels.block_mass_reference import pooled_block_mass_reference
 from sketchwalk.kernels.cpu_block_mass import pooled_block_mass_cpu
 from sketchwalk.kernels.triton_block_mass import pooled_block_mass_triton
@@ -65,9 +65,9 @@ def test_kernel_fp16_scores_close():
 def test_engine_transition_takes_the_kernel_and_agrees_with_the_cpu_path(monkeypatch):
     """Under the interpreter transition() takes the Triton path (as on CUDA); the same inputs
     through the CPU path (kernel backend forced to cpu) give the same block transition."""
-    from sketchwalk.engine.config import SketchWalkConfig
-    from sketchwalk.engine.pipeline import sketch_blocks, transition
-    from sketchwalk.engine.sketch import make_srht
+    from sketchwalk.engine.method.config import SketchWalkConfig
+    from sketchwalk.engine.method.pipeline import sketch_blocks, transition
+    from sketchwalk.engine.method.sketch import make_srht
 
     cfg = SketchWalkConfig(estimator="sampled", score_rank=0, score_dtype="float32")
     gen = torch.Generator().manual_seed(5)
