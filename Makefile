@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-stamp
 
-.PHONY: setup app test check lint format browser-deps bench clean postgres docker-check
+.PHONY: setup app test check durations lint format browser-deps bench clean postgres docker-check
 
 setup: $(STAMP)
 
@@ -29,12 +29,19 @@ test: setup browser-deps
 	@if [ -z "$$SKETCHWALK_TEST_PG_URL" ] && pg="$$(.ci/postgres.sh)"; then eval "$$pg"; fi; \
 	$(PY) -m pytest -q
 
-# The quick loop for everyday work: lint and the fast tests (no model loaded from disk, no
-# worker, no page, no browser, no PostgreSQL, no Triton interpreter subprocess, no
-# property-based or multi-process fault tests). `make test` stays the full suite CI runs.
+# The quick loop for everyday work, about a minute: lint and the fast tests (no model loaded
+# from disk, no worker, no page, no browser, no PostgreSQL, no Triton interpreter subprocess,
+# no property-based or multi-process fault tests, none recorded above 0.15 s in
+# tests/durations.json; each test module keeps its fastest; tests/app and tests/e2e, all pages
+# and browsers, not even imported). `make test` is the full suite CI runs.
+QUICK := -m "not slow and not browser and not interp and not heavy and not model"
 check: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
-	SKETCHWALK_TEST_PG_URL= CI= $(PY) -m pytest -q -x -m "not slow and not browser and not interp and not heavy and not model"
+	SKETCHWALK_TEST_PG_URL= CI= $(PY) -m pytest -q -x $(QUICK) --quick 0.15 --ignore=tests/app --ignore=tests/e2e
+
+# Record the quick loop's test times (tests/durations.json) after adding slow tests.
+durations: setup
+	SKETCHWALK_TEST_PG_URL= CI= $(PY) -m pytest -q $(QUICK) --record-durations
 
 # A PostgreSQL server on loopback for the server-database tests (Debian packages; needs root):
 #   eval "$$(.ci/postgres.sh)" && make test     (the tests read SKETCHWALK_TEST_PG_URL)

@@ -30,6 +30,8 @@ from sketchwalk.engine.method.config import SketchWalkConfig
 from sketchwalk.engine.run.request import stored_time_only
 from sketchwalk.errors import SketchWalkError
 from sketchwalk.store import Store, open_store, resolve_url
+from sketchwalk.store.needle import Needle, find_needle_in
+from sketchwalk.store.reads import LABEL_CHARS
 from sketchwalk.text import plain_markdown
 from sketchwalk.worker.loop import Worker, make_request
 
@@ -197,12 +199,29 @@ def decode_rows(url: str, run_id: str, layer: int) -> dict[str, Any]:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def layer_stats(url: str, run_id: str) -> pd.DataFrame:
-    return _store(url).layer_stats(run_id)
+    return _store(url).layer_stats(run_id, q_blocks=False)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def blocks(url: str, run_id: str) -> pd.DataFrame:
-    return _store(url).blocks(run_id)
+    """Block spans with their text cut for labels (the figures show 60 characters)."""
+    return _store(url).blocks(run_id, text_chars=LABEL_CHARS)
+
+
+GENERATED_LABELS = 1 << 16
+"""Generated tokens a page reads for labels, at most (a run's decode steps, one each)."""
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def generated(url: str, run_id: str, count: int) -> list[str]:
+    """The sparse model's first `count` generated tokens (label text), read by themselves."""
+    return _store(url).generated_text(run_id, min(int(count), GENERATED_LABELS))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def needle(url: str, run_id: str, text: str) -> Needle:
+    """A needle found in the run's prompt, read piece by piece (raises NeedleNotFound)."""
+    return find_needle_in(_store(url), run_id, text)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -228,6 +247,8 @@ def clear_caches() -> None:
         layer_stats,
         blocks,
         tokens,
+        generated,
+        needle,
         run_meta,
         last_rows,
     ):

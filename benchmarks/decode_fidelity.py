@@ -3,13 +3,14 @@
 For each prompt one sparse prefill is made; its cache and session are copied for each re-select
 rule (the config's decode_reselect: 1 = every token, 0 = when a key block starts, k = every k
 tokens; "K:S" also sets decode_reselect_span S, else the config's default span applies; "K:S:0"
-also turns decode_stagger off), so the rules differ only in decode. Two measures:
+also turns decode_stagger off; "+knob=value" after a rule sets any other knob for decode, e.g.
+"0+query_samples=2"), so the rules differ only in decode. Two measures:
 - teacher-forced: every rule is fed the dense model's greedy continuation; per step KL(dense ||
   sparse) of the next-token distribution and agreement of the top-1 token with dense;
 - retrieval (eval/retrieval.py passkey and kv prompts): free greedy answers, exact match.
 
 Run: python -m sketchwalk.benchmarks.decode_fidelity [--lengths 2048 4096] [--new-tokens 48]
-     [--rules 1 0 0:0 8]
+     [--rules 1 0 0:0 8 0+query_samples=2]
 """
 
 from __future__ import annotations
@@ -69,9 +70,11 @@ def _dense(model, ids, n):
 
 def with_rule(cfg: SketchWalkConfig, rule: str) -> SketchWalkConfig:
     """The config under a rule "K" (decode_reselect K), "K:S" (and decode_reselect_span S) or
-    "K:S:T" (and decode_stagger T, 0 or 1); a malformed rule is a one-line ValueError
-    (ConfigError for values out of range)."""
-    parts = rule.split(":")
+    "K:S:T" (and decode_stagger T, 0 or 1), each optionally followed by "+knob=value" changes; a
+    malformed rule is a one-line ValueError (ConfigError for unknown knobs or values out of
+    range)."""
+    head, *extra = rule.split("+")
+    parts = head.split(":")
     names = ("decode_reselect", "decode_reselect_span", "decode_stagger")
     try:
         if len(parts) > 3 or not all(p.strip() for p in parts):
@@ -79,13 +82,29 @@ def with_rule(cfg: SketchWalkConfig, rule: str) -> SketchWalkConfig:
         values = [int(p) for p in parts]
         if len(values) == 3 and values[2] not in (0, 1):
             raise ValueError
+        changes = dict(_knob_value(e) for e in extra)
     except ValueError:
         raise ValueError(
-            f"a rule is K, K:S or K:S:T with whole numbers (T 0 or 1), got {rule!r}"
+            f"a rule is K, K:S or K:S:T with whole numbers (T 0 or 1), then any +knob=value, "
+            f"got {rule!r}"
         ) from None
     if len(values) == 3:
         values[2] = bool(values[2])
-    return cfg.with_(**dict(zip(names, values, strict=False)))
+    changes.update(zip(names, values, strict=False))
+    return SketchWalkConfig.from_dict({**cfg.to_dict(), **changes})
+
+
+def _knob_value(text: str) -> tuple[str, int | float | str]:
+    """ "name=value" -> (name, the value as an int, a float or the text)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise ValueError
+    for kind in (int, float):
+        try:
+            return name.strip(), kind(value)
+        except ValueError:
+            pass
+    return name.strip(), value.strip()
 
 
 def _rule(text: str) -> str:

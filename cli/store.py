@@ -117,10 +117,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     with open_store(args.db) as store:
         if args.zip:
             target = out if out.suffix == ".zip" else out / "sketchwalk-export.zip"
-            data = store.export_zip(run_ids)
+            store.export_ids(run_ids)  # unknown runs refused before a file is created
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
+                with target.open("wb") as stream:
+                    store.write_zip(run_ids, stream)
             except BaseException as exc:  # a full disk, or an interrupt: no partial zip is left
                 target.unlink(missing_ok=True)
                 if isinstance(exc, OSError):

@@ -208,11 +208,99 @@ def _copy_out(conn: Connection, stmt: sa.Select, schema: pa.Schema) -> pa.Table:
     if buf.tell() == 0:
         return schema.empty_table()
     buf.seek(0)
-    return pacsv.read_csv(
-        buf,
-        read_options=pacsv.ReadOptions(column_names=schema.names),
-        parse_options=pacsv.ParseOptions(newlines_in_values=True),
-        convert_options=pacsv.ConvertOptions(
+    return pacsv.read_csv(buf, **_csv_options(schema))
+
+
+READ_BATCH_ROWS = 1 << 14
+"""Rows per batch of a streamed read: at most 64 MiB of text even at the longest token text."""
+
+
+def fetch_batches(
+    conn: Connection, table: sa.Table, stmt: sa.Select, rows: int = READ_BATCH_ROWS
+) -> Iterator[pa.RecordBatch]:
+    """A SELECT over `table`'s columns as Arrow batches of at most `rows` rows, with the store's
+    column types, pulled one at a time: a read whose result may be as large as a table (an
+    export) holds one batch, never the result. Close it (contextlib.closing) when it may be
+    left before its end: until then the read holds the connection."""
+    columns = [c.name for c in stmt.selected_columns]
+    schema = arrow_schema(table, columns)
+    if _is_duckdb(conn):
+        compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+        params = [compiled.params[name] for name in compiled.positiontup or ()]
+        rel = _raw_duckdb(conn).sql(compiled.string, params=params or None)
+        # duckdb >= 1.4 names it to_arrow_reader (fetch_record_batch is deprecated)
+        reader = (
+            rel.to_arrow_reader(rows)
+            if hasattr(rel, "to_arrow_reader")
+            else rel.fetch_record_batch(rows)
+        )
+        try:
+            for batch in reader:
+                yield batch.rename_columns(columns).cast(schema)
+        finally:  # a read left part-way must not hold the connection (close the generator)
+            reader.close()
+        return
+    if _is_copy_pg(conn):
+        yield from _copy_out_batches(conn, stmt, schema, rows)
+        return
+    result = conn.execution_options(stream_results=True, yield_per=rows).execute(stmt)
+    for part in result.partitions():
+        yield pa.RecordBatch.from_pylist(
+            [dict(zip(columns, row, strict=True)) for row in part], schema=schema
+        )
+
+
+class _CopyStream(io.RawIOBase):
+    """A COPY TO STDOUT's chunks as a readable file, for Arrow's streaming CSV reader."""
+
+    def __init__(self, chunks: Iterator[Any]) -> None:
+        self.chunks, self.rest = chunks, memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.rest:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                return 0
+            self.rest = memoryview(bytes(chunk))
+        n = min(len(buffer), len(self.rest))
+        buffer[:n] = self.rest[:n]
+        self.rest = self.rest[n:]
+        return n
+
+
+def _copy_out_batches(
+    conn: Connection, stmt: sa.Select, schema: pa.Schema, rows: int
+) -> Iterator[pa.RecordBatch]:
+    """`_copy_out`, parsed as it arrives (Arrow's reader holds one block of CSV at a time)."""
+    sql = str(stmt.compile(dialect=conn.dialect, compile_kwargs={"literal_binds": True}))
+    cursor = conn.connection.driver_connection.cursor()
+    try:
+        with cursor.copy(f"COPY ({sql}) TO STDOUT (FORMAT csv)") as copy:
+            stream = io.BufferedReader(_CopyStream(iter(copy)), 1 << 20)
+            if not stream.peek(1):
+                return
+            reader = pacsv.open_csv(stream, **_csv_options(schema, block_size=8 << 20))
+            for batch in reader:
+                for start in range(0, batch.num_rows, rows):
+                    yield batch.slice(start, rows)
+            for _ in copy:  # COPY ends once its data is read
+                pass
+    finally:
+        cursor.close()
+
+
+def _csv_options(schema: pa.Schema, block_size: int | None = None) -> dict[str, Any]:
+    """How Arrow reads PostgreSQL's CSV into the store's column types."""
+    read = pacsv.ReadOptions(column_names=schema.names)
+    if block_size is not None:
+        read.block_size = block_size
+    return {
+        "read_options": read,
+        "parse_options": pacsv.ParseOptions(newlines_in_values=True),
+        "convert_options": pacsv.ConvertOptions(
             column_types=dict(zip(schema.names, schema.types, strict=True)),
             null_values=[""],  # PostgreSQL writes NULL as a bare empty field ...
             strings_can_be_null=True,
@@ -220,7 +308,7 @@ def _copy_out(conn: Connection, stmt: sa.Select, schema: pa.Schema) -> pa.Table:
             true_values=["t"],
             false_values=["f"],
         ),
-    )
+    }
 
 
 def fetch_arrow(conn: Connection, table: sa.Table, stmt: sa.Select) -> pa.Table:

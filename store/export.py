@@ -12,9 +12,10 @@ import io
 import json
 import sys
 import zipfile
-from collections.abc import Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, closing, contextmanager
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,7 +24,7 @@ from sqlalchemy.engine import Connection, Engine
 
 import sketchwalk
 from sketchwalk.store import schema
-from sketchwalk.store.bulk import fetch_arrow, streaming
+from sketchwalk.store.bulk import arrow_schema, fetch_batches, streaming
 from sketchwalk.store.db import utcnow
 from sketchwalk.store.errors import (
     ExportError,
@@ -51,68 +52,71 @@ class ExportMixin:
 
     # ---- export -------------------------------------------------------------------------
 
-    def _collect(self, run_ids: Iterable[str] | None) -> tuple[dict[str, pa.Table], dict]:
-        """Each run table filtered to the runs (all when None) and the manifest describing them."""
-        tables: dict[str, pa.Table] = {}
+    def _export_ids(self, conn: Connection, run_ids: Iterable[str] | None) -> list[str]:
+        """The runs to export (all, oldest first, when None); unknown ids refused in one line."""
+        known = [
+            row[0]
+            for row in conn.execute(
+                sa.select(schema.runs.c.id).order_by(schema.runs.c.created_at, schema.runs.c.id)
+            )
+        ]
+        if run_ids is None:
+            return known
+        ids = list(dict.fromkeys(str(r) for r in run_ids))
+        missing = sorted(set(ids) - set(known))
+        if missing:
+            raise UnknownRunError(f"no run with id {', '.join(map(repr, missing))} in this store")
+        return ids
+
+    def export_ids(self, run_ids: Iterable[str] | None) -> list[str]:
+        """The run ids an export of `run_ids` writes; raises UnknownRunError for one not here."""
         with self._connect() as conn:
-            known = [
-                row[0]
-                for row in conn.execute(
-                    sa.select(schema.runs.c.id).order_by(schema.runs.c.created_at, schema.runs.c.id)
-                )
-            ]
-            if run_ids is None:
-                ids = known
-            else:
-                ids = list(dict.fromkeys(str(r) for r in run_ids))
-                missing = sorted(set(ids) - set(known))
-                if missing:
-                    raise UnknownRunError(
-                        f"no run with id {', '.join(map(repr, missing))} in this store"
-                    )
+            return self._export_ids(conn, run_ids)
+
+    def _write_export(
+        self, run_ids: Iterable[str] | None, sink: Callable[[str], AbstractContextManager[Any]]
+    ) -> dict[str, Any]:
+        """Each run table, filtered to the runs, streamed batch by batch into the Parquet file
+        `sink(name)` opens (a path or a zip member); returns the manifest describing them."""
+        counts: dict[str, int] = {}
+        with self._connect() as conn:
+            ids = self._export_ids(conn, run_ids)
             for table in schema.RUN_TABLES:
-                key = schema.run_key(table)
-                stmt = sa.select(table)
-                if run_ids is not None:
-                    stmt = stmt.where(key.in_(ids)) if ids else stmt.where(sa.false())
-                tables[table.name] = clean_strings(fetch_arrow(conn, table, stmt))
-        manifest = {
+                stmt = sa.select(table).where(schema.run_key(table).in_(ids) if ids else sa.false())
+                with (
+                    sink(table_file(table)) as out,
+                    closing(fetch_batches(conn, table, stmt)) as rows,
+                ):
+                    counts[table.name] = _write_parquet(out, table, rows)
+        return {
             "format": FORMAT,
             "schema_version": schema.SCHEMA_VERSION,
             "sketchwalk_version": sketchwalk.__version__,
             "created_at": utcnow().isoformat(),
             "run_ids": ids,
             "tables": {
-                name: {"file": f"{name}.parquet", "rows": data.num_rows}
-                for name, data in tables.items()
+                name: {"file": f"{name}.parquet", "rows": rows} for name, rows in counts.items()
             },
         }
-        return tables, manifest
-
-    @staticmethod
-    def _parquet_bytes(name: str, data: pa.Table) -> bytes:
-        meta = {
-            b"sketchwalk.table": name.encode(),
-            b"sketchwalk.schema_version": b"%d" % schema.SCHEMA_VERSION,
-        }
-        data = data.replace_schema_metadata({**(data.schema.metadata or {}), **meta})
-        sink = io.BytesIO()
-        pq.write_table(data, sink, compression="zstd")
-        return sink.getvalue()
 
     def export_parquet(self, run_ids: Iterable[str] | None, out_dir: str | Path) -> list[Path]:
         """Write one Parquet file per run table (filtered to `run_ids`, all when None) and
-        manifest.json into `out_dir` (created if needed); returns the paths, manifest last."""
-        tables, manifest = self._collect(run_ids)
+        manifest.json into `out_dir` (created if needed); returns the paths, manifest last.
+        Memory holds one batch of rows (store/bulk.py), whatever the runs' size."""
         out = Path(out_dir).expanduser()
         written: list[Path] = []  # each file joins as it starts: a half-written one goes too
+
+        @contextmanager
+        def sink(name: str) -> Iterator[BinaryIO]:
+            path = out / name
+            written.append(path)
+            with path.open("wb") as file:
+                yield file
+
         try:
+            self.export_ids(run_ids)  # unknown runs refused before anything is created
             out.mkdir(parents=True, exist_ok=True)
-            for name, data in tables.items():
-                path = out / manifest["tables"][name]["file"]
-                payload = self._parquet_bytes(name, data)
-                written.append(path)
-                path.write_bytes(payload)
+            manifest = self._write_export(run_ids, sink)
             path = out / MANIFEST
             written.append(path)
             path.write_text(json.dumps(manifest, indent=2) + "\n")
@@ -127,14 +131,21 @@ class ExportMixin:
             raise
         return written
 
-    def export_zip(self, run_ids: Iterable[str] | None) -> bytes:
-        """The same export as a single zip (Parquet files and manifest.json at its root)."""
-        tables, manifest = self._collect(run_ids)
-        buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
-            for name, data in tables.items():
-                zf.writestr(manifest["tables"][name]["file"], self._parquet_bytes(name, data))
+    def write_zip(self, run_ids: Iterable[str] | None, stream: BinaryIO) -> None:
+        """The same export as one zip written into `stream` (Parquet files and manifest.json
+        at its root), each member streamed in as its rows are read."""
+        with zipfile.ZipFile(stream, "w", compression=zipfile.ZIP_STORED) as zf:
+
+            def sink(name: str) -> AbstractContextManager[BinaryIO]:
+                return zf.open(name, "w", force_zip64=True)
+
+            manifest = self._write_export(run_ids, sink)
             zf.writestr(MANIFEST, json.dumps(manifest, indent=2) + "\n")
+
+    def export_zip(self, run_ids: Iterable[str] | None) -> bytes:
+        """`write_zip` into memory (the app's download button wants bytes)."""
+        buf = io.BytesIO()
+        self.write_zip(run_ids, buf)
         return buf.getvalue()
 
     # ---- import -------------------------------------------------------------------------
@@ -186,6 +197,22 @@ class ExportMixin:
             if new:
                 load_export(conn, export, new)
         return new
+
+
+def _write_parquet(out: BinaryIO, table: sa.Table, batches: Iterable[pa.RecordBatch]) -> int:
+    """Every batch into one Parquet file (zstd, a row group per batch, the table's name and
+    schema version in its metadata); returns the rows written."""
+    meta = {
+        b"sketchwalk.table": table.name.encode(),
+        b"sketchwalk.schema_version": b"%d" % schema.SCHEMA_VERSION,
+    }
+    full = arrow_schema(table).with_metadata(meta)
+    rows = 0
+    with pq.ParquetWriter(out, full, compression="zstd") as writer:
+        for batch in batches:
+            writer.write_table(clean_strings(pa.Table.from_batches([batch])))
+            rows += batch.num_rows
+    return rows
 
 
 def _is_driver_error(exc: BaseException) -> bool:

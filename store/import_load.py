@@ -5,7 +5,7 @@ Each batch is decoded within the caps (store/decode.py), checked by every row ru
 (store/validate.py) and written before the next is read; what spans batches is kept small and
 checked at the end (each table's run ids, the largest query block of each recorded layer, and
 layer_stats' keys with n_blocks), and a key repeated across batches is refused by the table's
-primary key. Any refusal raises inside the transaction, so nothing of the import stays.
+primary key (block_scores, which has none, by one query once its rows are in). Any refusal raises inside the transaction, so nothing of the import stays.
 """
 
 from __future__ import annotations
@@ -62,7 +62,29 @@ def load_export(conn: Connection, export: Export, new: list[str]) -> None:
     stats = _concat(stats_keys, schema.layer_stats, [*validate.LAYER_KEYS, "n_blocks"])
     scores = pa.concat_tables(tops) if tops else None
     if scores is not None:
-        validate.check_blocks_in_range(f"block_scores.parquet in {export.label}", scores, stats)
+        where = f"block_scores.parquet in {export.label}"
+        validate.check_blocks_in_range(where, scores, stats)
+        _check_scores_unique(conn, where, new)
+
+
+def _check_scores_unique(conn: Connection, where: str, new: list[str]) -> None:
+    """No block pair is scored twice in a layer: a layer then holds at most its n (n + 1) / 2
+    causal pairs, which is what reading it may cost (the table has no primary key, so the
+    database counts them once all are in)."""
+    t = schema.block_scores
+    keys = [t.c.run_id, t.c.phase, t.c.step, t.c.layer, t.c.q_block, t.c.k_block]
+    twice = conn.execute(
+        sa.select(t.c.run_id)
+        .where(t.c.run_id.in_(new))
+        .group_by(*keys)
+        .having(sa.func.count() > 1)
+        .limit(1)
+    ).first()
+    if twice is not None:
+        raise ForeignExportError(
+            f"{where}: rows of run {twice[0]!r} score the same block pair twice in a layer; the "
+            "export is damaged, nothing was imported"
+        )
 
 
 def _concat(parts: list[pa.Table], table: sa.Table, columns: list[str]) -> pa.Table:

@@ -40,6 +40,12 @@ UPPER = {
 }
 """Largest allowed value of each bounded integer column, per table (inclusive)."""
 
+MAX_TOKEN_TEXT = 1024
+"""Characters of one token's text (a tokenizer's longest piece is a few hundred): a read of
+READ_BATCH_ROWS tokens (store/bulk.py) then holds at most 64 MiB of their text."""
+LONGEST = {"tokens": {"text": MAX_TOKEN_TEXT}}
+"""Longest text of each value, per table and column (characters), where reads take many rows."""
+
 ROWS_PER_RUN = {"runs": 1, "blocks": MAX_BLOCKS, "tokens": 2 * MAX_TOKENS}
 """Rows one run can have in a table whose key is bounded above (others: the import row cap)."""
 
@@ -49,6 +55,12 @@ def first_over(table: str, data: pa.Table) -> str | None:
     for name, most in UPPER.get(table, {}).items():
         if name in data.column_names and pc.any(pc.greater(data[name], most)).as_py():
             return f"{name} over the store's limit {most}"
+    for name, most in LONGEST.get(table, {}).items():
+        if (
+            name in data.column_names
+            and pc.any(pc.greater(pc.utf8_length(data[name]), most)).as_py()
+        ):
+            return f"{name} longer than the store's limit of {most} characters"
     return None
 
 
@@ -70,16 +82,32 @@ def check_view(cells: int, what: str, max_blocks: int, layers: int = 1) -> None:
         )
 
 
+LAST_ROWS_RECORDS = 1 << 17
+"""Prefill and decode records the needle tracker follows (32 layers x 4,096 decode steps):
+each costs about 1 KB of its own beside its row."""
+
+
+def check_records(records: int, what: str) -> None:
+    """Refuse the needle tracker's read of more than LAST_ROWS_RECORDS records."""
+    if records > LAST_ROWS_RECORDS:
+        raise TooLargeError(
+            f"{what} are too many to follow ({records:,} records; the explorer follows at "
+            f"most {LAST_ROWS_RECORDS:,})"
+        )
+
+
 def view_refusal(stats: Any, max_blocks: int) -> str | None:
     """The one line the explorer shows instead of a run it cannot draw in bounded memory (its
     widest layer, or the needle tracker's rows of every record), or None. `stats`: the run's
     layer_stats frame (n_blocks per record)."""
     widths = [int(n) for n in stats["n_blocks"]]
+    plain = int(stats["phase"].isin(("prefill", "decode")).sum())
     try:
         check_view(
             max(widths, default=0) ** 2, f"a layer of {max(widths, default=0)} blocks", max_blocks
         )
         check_view(sum(widths), "this run's records, all together", max_blocks, LAST_ROWS_LAYERS)
+        check_records(plain, "this run's records")
     except TooLargeError as exc:
         return str(exc)
     return None

@@ -11,6 +11,7 @@ and each block's rank among the scores the selection used (walk scores; 1 = top)
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -108,31 +109,42 @@ class NeedleTrace:
         }
 
 
-def prompt_text_offsets(tokens: pd.DataFrame, prompt_tokens: int) -> tuple[str, np.ndarray]:
-    """The prompt as its tokens' texts joined, and each token's start offset in that string."""
-    t = tokens[(tokens["variant"] == "sparse") & (tokens["position"] < prompt_tokens)]
-    texts = [str(x) for x in t.sort_values("position")["text"]]
-    starts = np.cumsum([0] + [len(x) for x in texts])
-    return "".join(texts), starts
+MAX_SPANS = 256
+"""Occurrences of a needle followed (the first ones): a text repeated all over the prompt is
+no needle, and its spans would grow with the prompt."""
 
 
-def find_needle(
-    text: str, tokens: pd.DataFrame, blocks: pd.DataFrame, prompt_tokens: int
-) -> Needle:
-    """Every occurrence of `text` in the prompt, as token spans and key blocks.
-
-    Raises NeedleNotFound (one line) when the text is empty or not in the prompt.
-    """
-    if not text:
-        raise NeedleNotFound("the needle text is empty")
-    joined, starts = prompt_text_offsets(tokens, prompt_tokens)
+def needle_spans(pieces: Iterable[list[str]], text: str) -> list[tuple[int, int]]:
+    """Token spans [first, last) of the first MAX_SPANS occurrences of `text` (overlapping ones
+    included) in the prompt given as its token texts in order, piece by piece: memory holds one
+    piece and the few tokens before it that an occurrence may start in."""
     spans: list[tuple[int, int]] = []
-    at = joined.find(text)
-    while at >= 0:
-        first = int(np.searchsorted(starts, at, side="right") - 1)
-        last = int(np.searchsorted(starts, at + len(text), side="left"))  # exclusive
-        spans.append((first, max(last, first + 1)))
-        at = joined.find(text, at + 1)
+    carried: list[str] = []  # the last tokens of the pieces so far, len(text) - 1 chars or more
+    first = 0  # the token index of carried[0]
+    for piece in pieces:
+        texts = carried + [str(x) for x in piece]
+        joined = "".join(texts)
+        starts = np.cumsum([0] + [len(x) for x in texts])
+        old = int(starts[len(carried)])  # chars already searched: skip what they held whole
+        at = joined.find(text, max(old - len(text) + 1, 0))
+        while at >= 0 and len(spans) < MAX_SPANS:
+            lo = int(np.searchsorted(starts, at, side="right") - 1)
+            hi = int(np.searchsorted(starts, at + len(text), side="left"))  # exclusive
+            spans.append((first + lo, first + max(hi, lo + 1)))
+            at = joined.find(text, at + 1)
+        if len(spans) >= MAX_SPANS:
+            break
+        keep = len(texts)
+        while keep > 0 and int(starts[-1] - starts[keep]) < len(text) - 1:
+            keep -= 1
+        first += keep
+        carried = texts[keep:]
+    return spans
+
+
+def _needle(text: str, spans: list[tuple[int, int]], blocks: pd.DataFrame) -> Needle:
+    """The needle of these spans, with the key blocks holding their tokens; raises
+    NeedleNotFound when there are none."""
     if not spans:
         shown = text if len(text) <= 40 else text[:39] + "…"
         raise NeedleNotFound(f"the text {shown!r} does not occur in the run's prompt")
@@ -145,6 +157,30 @@ def find_needle(
         hi = int(np.searchsorted(ends, e - 1, side="right"))
         found.update(int(ids[i]) for i in range(lo, min(hi, len(ids) - 1) + 1))
     return Needle(text, spans, sorted(found))
+
+
+def find_needle(
+    text: str, tokens: pd.DataFrame, blocks: pd.DataFrame, prompt_tokens: int
+) -> Needle:
+    """Every occurrence of `text` in the prompt (up to MAX_SPANS), as token spans and key
+    blocks, from the run's tokens and blocks frames.
+
+    Raises NeedleNotFound (one line) when the text is empty or not in the prompt.
+    """
+    if not text:
+        raise NeedleNotFound("the needle text is empty")
+    t = tokens[(tokens["variant"] == "sparse") & (tokens["position"] < prompt_tokens)]
+    texts = [str(x) for x in t.sort_values("position")["text"]]
+    return _needle(text, needle_spans([texts], text), blocks)
+
+
+def find_needle_in(store: Any, run_id: str, text: str) -> Needle:
+    """`find_needle` on a stored run, its prompt read piece by piece (store.prompt_texts) and
+    its blocks without their text: memory stays bounded whatever the prompt's length."""
+    if not text:
+        raise NeedleNotFound("the needle text is empty")
+    spans = needle_spans(store.prompt_texts(run_id), text)
+    return _needle(text, spans, store.blocks(run_id, text_chars=0))
 
 
 def score_ranks(scores: np.ndarray, cols: list[int]) -> list[int | None]:
@@ -196,10 +232,7 @@ def needle_steps(rows: list[dict[str, Any]], needle: Needle) -> list[NeedleStep]
 
 def trace(store: Any, run_id: str, text: str) -> NeedleTrace:
     """Find `text` in a stored run's prompt and follow its blocks through every record."""
-    run = store.get_run(run_id)
-    needle = find_needle(
-        text, store.tokens(run_id), store.blocks(run_id), int(run["prompt_tokens"] or 0)
-    )
+    needle = find_needle_in(store, run_id, text)
     return NeedleTrace(str(run_id), needle, needle_steps(store.last_rows(run_id), needle))
 
 

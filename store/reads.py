@@ -7,20 +7,26 @@ are fetched as Arrow (the DuckDB fast path) and scattered into dense arrays in n
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, closing
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from sketchwalk.store import jsonio, schema
-from sketchwalk.store.bulk import fetch_arrow
+from sketchwalk.store.bulk import READ_BATCH_ROWS, fetch_arrow, fetch_batches
 from sketchwalk.store.errors import StoreError, UnknownRunError
-from sketchwalk.store.limits import LAST_ROWS_LAYERS, check_view
+from sketchwalk.store.limits import LAST_ROWS_LAYERS, MAX_BLOCKS, check_records, check_view
 
+_SCORES = ("sketch", "walk", "exact")
+LABEL_CHARS = 200
+"""Characters of a text read for a label (the figures show at most 60)."""
 RUN_JSON_COLUMNS = ("config", "request", "versions", "metrics", "timings")
 LIST_COLUMNS = (
     "id",
@@ -134,10 +140,14 @@ class ReadsMixin:
             require_run(conn, run_id)
             return fetch_arrow(conn, table, stmt).to_pandas()
 
-    def layer_stats(self, run_id: str, phase: str | None = None) -> pd.DataFrame:
-        """Per (phase, step, layer): densities, errors, timings; q_blocks as lists."""
+    def layer_stats(
+        self, run_id: str, phase: str | None = None, q_blocks: bool = True
+    ) -> pd.DataFrame:
+        """Per (phase, step, layer): densities, errors, timings; q_blocks as lists, or left out
+        (`q_blocks=False`: the pages never use them, and a long run's lists, parsed, cost
+        several times their JSON)."""
         t = schema.layer_stats
-        cols = [c for c in t.columns if c.name != "run_id"]
+        cols = [c for c in t.columns if c.name != "run_id" and (q_blocks or c.name != "q_blocks")]
         stmt = (
             sa.select(*cols)
             .where(t.c.run_id == run_id)
@@ -146,7 +156,8 @@ class ReadsMixin:
         if phase is not None:
             stmt = stmt.where(t.c.phase == phase)
         df = self._frame(run_id, t, stmt)
-        df["q_blocks"] = [jsonio.loads(v) for v in df["q_blocks"]]
+        if q_blocks:
+            df["q_blocks"] = [jsonio.loads(v) for v in df["q_blocks"]]
         return df
 
     def steps(self, run_id: str) -> pd.DataFrame:
@@ -166,10 +177,55 @@ class ReadsMixin:
         stmt = sa.select(*cols).where(t.c.run_id == run_id).order_by(t.c.variant, t.c.position)
         return self._frame(run_id, t, stmt)
 
-    def blocks(self, run_id: str) -> pd.DataFrame:
-        """Key blocks with their token span [token_start, token_end) and text."""
+    def prompt_texts(self, run_id: str) -> Iterator[list[str]]:
+        """The prompt's token texts (the sparse variant's, position order) in pieces of at most
+        READ_BATCH_ROWS tokens, each read by itself: a needle search holds one piece, however
+        long the prompt. A position the run lacks is left out."""
+        t = schema.tokens
+        with self._connect() as conn:
+            require_run(conn, run_id)
+            prompt_tokens = conn.execute(
+                sa.select(schema.runs.c.prompt_tokens).where(schema.runs.c.id == run_id)
+            ).scalar()
+        prompt_tokens = int(prompt_tokens or 0)
+        for start in range(0, max(prompt_tokens, 0), READ_BATCH_ROWS):
+            stop = min(start + READ_BATCH_ROWS, prompt_tokens)
+            stmt = (
+                sa.select(t.c.text)
+                .where(
+                    t.c.run_id == run_id,
+                    t.c.variant == "sparse",
+                    t.c.position >= start,
+                    t.c.position < stop,
+                )
+                .order_by(t.c.position)
+            )
+            with self._connect() as conn:
+                yield fetch_arrow(conn, t, stmt).column("text").to_pylist()
+
+    def generated_text(self, run_id: str, limit: int, text_chars: int = LABEL_CHARS) -> list[str]:
+        """The sparse model's first `limit` generated tokens' texts, in order, each cut to
+        `text_chars` characters (labels; the whole generation is the run's sparse_text)."""
+        t = schema.tokens
+        prompt = sa.select(schema.runs.c.prompt_tokens).where(schema.runs.c.id == run_id)
+        stmt = (
+            sa.select(sa.func.substr(t.c.text, 1, int(text_chars)).label("text"))
+            .where(
+                t.c.run_id == run_id,
+                t.c.variant == "sparse",
+                t.c.position >= sa.func.coalesce(prompt.scalar_subquery(), 0),
+            )
+            .order_by(t.c.position)
+            .limit(max(int(limit), 0))
+        )
+        return self._frame(run_id, t, stmt)["text"].tolist()
+
+    def blocks(self, run_id: str, text_chars: int | None = None) -> pd.DataFrame:
+        """Key blocks with their token span [token_start, token_end) and text, whole or cut to
+        `text_chars` characters (a label shows 60: a block's text can be long, 16,384 of them)."""
         t = schema.blocks
-        cols = [c for c in t.columns if c.name != "run_id"]
+        text = t.c.text if text_chars is None else sa.func.substr(t.c.text, 1, int(text_chars))
+        cols = [t.c.block, t.c.token_start, t.c.token_end, text.label("text")]
         stmt = sa.select(*cols).where(t.c.run_id == run_id).order_by(t.c.block)
         return self._frame(run_id, t, stmt)
 
@@ -203,27 +259,38 @@ class ReadsMixin:
         """One layer's block matrices as dense [n, n] arrays indexed [q_block, k_block].
 
         sketch/walk/exact are float32 with NaN where the pair is not causal or was not recorded;
-        selected is bool (False there). q_blocks lists the query blocks that have a row.
+        selected is bool (False there). q_blocks lists the query blocks that have a row. The
+        scores are read in batches straight into the matrices (13 bytes a cell, and one batch).
         """
         t = schema.block_scores
         with self._connect() as conn:
             require_run(conn, run_id)
             n, q_blocks = self._layer_record(conn, run_id, phase, step, layer)
             check_view(n * n, f"layer {layer} ({n} blocks)", _view_max_blocks())
-            data = self._scores(
-                conn, run_id, t.c.phase == phase, t.c.step == int(step), t.c.layer == int(layer)
+            grids = {name: np.full(n * n, np.nan, dtype=np.float32) for name in _SCORES}
+            selected = np.zeros(n * n, dtype=bool)
+            stmt = sa.select(
+                t.c.q_block, t.c.k_block, *(t.c[name] for name in _SCORES), t.c.selected
             )
-        # one flat index for the four scatters: 2D fancy indexing recomputes it each time (at
-        # 2048 blocks, 2M cells a matrix, that was most of a layer's read after the query)
-        flat = data.column("q_block").to_numpy().astype(np.int64) * n
-        flat += data.column("k_block").to_numpy()
+            stmt = stmt.where(
+                t.c.run_id == run_id,
+                t.c.phase == phase,
+                t.c.step == int(step),
+                t.c.layer == int(layer),
+            )
+            with closing(fetch_batches(conn, t, stmt)) as batches:
+                for b in batches:
+                    # one flat index for the four scatters: 2D fancy indexing recomputes it each
+                    # time (at 2048 blocks, 2M cells a matrix, most of a layer's read)
+                    flat = b.column("q_block").to_numpy().astype(np.int64) * n
+                    flat += b.column("k_block").to_numpy()
+                    for name, grid in grids.items():
+                        grid[flat] = _floats(b.column(name))
+                    selected[flat] = (
+                        b.column("selected").fill_null(False).to_numpy(zero_copy_only=False)
+                    )
         out: dict[str, Any] = {"n_blocks": n, "q_blocks": q_blocks}
-        for name in ("sketch", "walk", "exact"):
-            grid = np.full(n * n, np.nan, dtype=np.float32)
-            grid[flat] = _floats(data.column(name))
-            out[name] = grid.reshape(n, n)
-        selected = np.zeros(n * n, dtype=bool)
-        selected[flat] = data.column("selected").fill_null(False).to_numpy(zero_copy_only=False)
+        out.update({name: grid.reshape(n, n) for name, grid in grids.items()})
         out["selected"] = selected.reshape(n, n)
         return out
 
@@ -271,66 +338,145 @@ class ReadsMixin:
         """The query row that produces the next token, for every (phase, step, layer) record.
 
         Prefill: the last query block's row; decode: the new token's row. Each item holds
-        phase, step, layer, dense, n_blocks, q_block and [n_blocks] sketch/walk/exact (NaN where
-        not recorded) and selected, in record order (prefill first). The needle tracker reads
-        these instead of whole layers, so it stays cheap at 128k tokens.
+        phase, step, layer, dense, n_blocks, q_block and [n_blocks] walk/exact (NaN where not
+        recorded) and selected, in record order (prefill first). The needle tracker reads
+        these instead of whole layers, so it stays cheap at 128k tokens. Records and scores
+        are read in batches and only these rows kept: memory holds 9 bytes a cell of the
+        records' rows (at most LAST_ROWS_LAYERS layer views) and one batch.
         """
-        t = schema.block_scores
         ls = schema.layer_stats
+        plain = (ls.c.run_id == run_id, ls.c.phase.in_(("prefill", "decode")))
         with self._connect() as conn:
             require_run(conn, run_id)
-            recs = conn.execute(
-                sa.select(
-                    ls.c.phase, ls.c.step, ls.c.layer, ls.c.dense, ls.c.n_blocks, ls.c.q_blocks
+            count, cells = conn.execute(
+                sa.select(sa.func.count(), sa.func.coalesce(sa.func.sum(ls.c.n_blocks), 0)).where(
+                    *plain
                 )
-                .where(ls.c.run_id == run_id, ls.c.phase.in_(("prefill", "decode")))
-                .order_by(ls.c.phase.desc(), ls.c.step, ls.c.layer)
-            ).all()
-            cells = sum(int(r[4]) for r in recs)
+            ).one()
             what = "the run's last rows (every layer and step)"
-            check_view(cells, what, _view_max_blocks(), layers=LAST_ROWS_LAYERS)
-            last = {(r[0], int(r[1]), int(r[2])): max(jsonio.loads(r[5]), default=-1) for r in recs}
-            pre = max((q for (ph, _, _), q in last.items() if ph == "prefill"), default=-1)
-            stmt = sa.select(
-                t.c.phase,
-                t.c.step,
-                t.c.layer,
-                t.c.q_block,
-                t.c.k_block,
-                t.c.sketch,
-                t.c.walk,
-                t.c.exact,
-                t.c.selected,
-            ).where(t.c.run_id == run_id, sa.or_(t.c.phase == "decode", t.c.q_block == pre))
-            data = fetch_arrow(conn, t, stmt).to_pandas()
+            check_view(int(cells), what, _view_max_blocks(), layers=LAST_ROWS_LAYERS)
+            check_records(int(count), what)
+            recs = _records(conn, run_id)
+            rows = _last_rows(conn, run_id, recs)
         out: list[dict[str, Any]] = []
-        groups = dict(iter(data.groupby(["phase", "step", "layer"], sort=False)))
-        for phase, step, layer, dense, n, _ in recs:
-            key = (phase, int(step), int(layer))
-            q = last[key]
-            item: dict[str, Any] = {
-                "phase": phase,
-                "step": int(step),
-                "layer": int(layer),
-                "dense": bool(dense),
-                "n_blocks": int(n),
-                "q_block": int(q),
-            }
-            rows = groups.get(key)
-            if rows is not None:
-                rows = rows[rows["q_block"] == q]
-            k = rows["k_block"].to_numpy() if rows is not None else np.zeros(0, dtype=np.int64)
-            for name in ("sketch", "walk", "exact"):
-                v = np.full(int(n), np.nan, dtype=np.float32)
-                if rows is not None:
-                    v[k] = rows[name].to_numpy(dtype=np.float32, na_value=np.nan)
-                item[name] = v
-            sel = np.zeros(int(n), dtype=bool)
-            if rows is not None:
-                sel[k] = rows["selected"].fillna(False).to_numpy(dtype=bool)
-            item["selected"] = sel
-            out.append(item)
+        for i in range(recs.key.size):
+            n = int(recs.n_blocks[i])
+            walk, exact, selected = rows.get(i) or (_NAN[:n], _NAN[:n], _FALSE[:n])
+            out.append(
+                {
+                    "phase": "decode" if recs.key[i] >> 40 else "prefill",
+                    "step": int(recs.key[i] >> 10 & (1 << 30) - 1),
+                    "layer": int(recs.key[i] & 1023),
+                    "dense": bool(recs.dense[i]),
+                    "n_blocks": n,
+                    "q_block": int(recs.last[i]),
+                    "walk": walk,
+                    "exact": exact,
+                    "selected": selected,
+                }
+            )
         return out
+
+
+@dataclass(frozen=True)
+class _Records:
+    """A run's prefill and decode records in record order (prefill, then by step and layer):
+    each one's key (decode << 40 | step << 10 | layer, ascending), dense flag, n_blocks and
+    last query block (the largest of its q_blocks, -1 for none)."""
+
+    key: np.ndarray
+    dense: np.ndarray
+    n_blocks: np.ndarray
+    last: np.ndarray
+
+
+def _record_keys(phase: pa.Array, step: pa.Array, layer: pa.Array) -> np.ndarray:
+    """The _Records key of each (phase, step, layer) of a batch."""
+    decode = pc.equal(phase, "decode").to_numpy(zero_copy_only=False).astype(np.int64)
+    steps = step.to_numpy(zero_copy_only=False).astype(np.int64)
+    return decode << 40 | steps << 10 | layer.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _records(conn: Connection, run_id: str) -> _Records:
+    """The run's _Records, read in batches (a record's q_blocks text is parsed and dropped)."""
+    ls = schema.layer_stats
+    stmt = (
+        sa.select(ls.c.phase, ls.c.step, ls.c.layer, ls.c.dense, ls.c.n_blocks, ls.c.q_blocks)
+        .where(ls.c.run_id == run_id, ls.c.phase.in_(("prefill", "decode")))
+        .order_by(ls.c.phase.desc(), ls.c.step, ls.c.layer)
+    )
+    parts: list[tuple[np.ndarray, ...]] = []
+    with closing(fetch_batches(conn, ls, stmt)) as batches:
+        for b in batches:
+            parts.append(
+                (
+                    _record_keys(b.column("phase"), b.column("step"), b.column("layer")),
+                    b.column("dense").to_numpy(zero_copy_only=False).astype(bool),
+                    b.column("n_blocks").to_numpy(zero_copy_only=False).astype(np.int64),
+                    np.array(
+                        [
+                            max(jsonio.loads(v), default=-1)
+                            for v in b.column("q_blocks").to_pylist()
+                        ],
+                        dtype=np.int64,
+                    ),
+                )
+            )
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return _Records(empty, empty.astype(bool), empty, empty)
+    return _Records(*(np.concatenate(column) for column in zip(*parts, strict=True)))
+
+
+def _last_rows(
+    conn: Connection, run_id: str, recs: _Records
+) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Record index -> its last row's walk, exact and selected, for the records with scores
+    there; the scores are read in batches and scattered record by record."""
+    t = schema.block_scores
+    if recs.key.size == 0:
+        return {}
+    prefill = recs.key >> 40 == 0
+    pre = int(recs.last[prefill].max()) if prefill.any() else -1
+    stmt = sa.select(
+        t.c.phase, t.c.step, t.c.layer, t.c.q_block, t.c.k_block, t.c.walk, t.c.exact, t.c.selected
+    ).where(
+        t.c.run_id == run_id,
+        t.c.phase.in_(("prefill", "decode")),
+        sa.or_(t.c.phase == "decode", t.c.q_block == pre),
+    )
+    out: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    with closing(fetch_batches(conn, t, stmt)) as batches:
+        for b in batches:
+            key = _record_keys(b.column("phase"), b.column("step"), b.column("layer"))
+            at = np.minimum(np.searchsorted(recs.key, key), recs.key.size - 1)
+            k = b.column("k_block").to_numpy(zero_copy_only=False).astype(np.int64)
+            q = b.column("q_block").to_numpy(zero_copy_only=False).astype(np.int64)
+            keep = (recs.key[at] == key) & (q == recs.last[at]) & (k < recs.n_blocks[at])
+            if not keep.any():
+                continue
+            at, k = at[keep], k[keep]
+            walk, exact = (_floats(b.column(name))[keep] for name in ("walk", "exact"))
+            sel = b.column("selected").fill_null(False).to_numpy(zero_copy_only=False)[keep]
+            order = np.argsort(at, kind="stable")
+            starts = np.flatnonzero(np.r_[True, np.diff(at[order]) != 0])
+            for lo, hi in zip(starts, np.r_[starts[1:], order.size], strict=True):
+                i, rows = int(at[order[lo]]), order[lo:hi]
+                mine = out.get(i)
+                if mine is None:
+                    n = int(recs.n_blocks[i])
+                    mine = out[i] = (_NAN[:n].copy(), _NAN[:n].copy(), _FALSE[:n].copy())
+                mine[0][k[rows]] = walk[rows]
+                mine[1][k[rows]] = exact[rows]
+                mine[2][k[rows]] = sel[rows]
+    return out
+
+
+_NAN = np.full(MAX_BLOCKS, np.nan, dtype=np.float32)
+_NAN.flags.writeable = False
+_FALSE = np.zeros(MAX_BLOCKS, dtype=bool)
+_FALSE.flags.writeable = False
+"""Rows of records with no scores there share these (read-only) instead of their own."""
 
 
 def _view_max_blocks() -> int:

@@ -85,7 +85,9 @@ class _Checker:
                 continue
             values = self.data[column.name]
             self.fail(column.name, pc.match_substring(values, "\x00"), "holds a NUL character")
-            limit = getattr(column.type, "length", None)
+            limit = getattr(column.type, "length", None) or limits.LONGEST.get(
+                self.table.name, {}
+            ).get(column.name)
             if limit:
                 self.fail(
                     column.name,

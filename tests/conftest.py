@@ -7,6 +7,8 @@ import os
 import pytest
 from pg_testdb import PG_ENV, fresh_schema, in_ci, pg_base_url
 
+pytest_plugins = ["quick_loop"]  # `make check`: the --quick selection
+
 # Fixtures that load a model from disk, run a worker or seed a store through one: a test that
 # takes any of them, and every AppTest (tests/app), is marked `model` and left out of the quick
 # loop (`make check`); `make test` runs everything.

@@ -23,7 +23,6 @@ from sketchwalk.store.limits import view_refusal
 from sketchwalk.store.needle import (
     NeedleNotFound,
     NeedleTrace,
-    find_needle,
     needle_steps,
     strip_matrix,
 )
@@ -50,11 +49,10 @@ def heads_note(per_group: bool, pool: str) -> str:
     )
 
 
-def _generated(url: str, run_id: str) -> list[str]:
-    """The sparse model's generated tokens, in order (the decode steps' tokens)."""
-    toks = widgets.tokens(url, run_id)
-    gen = toks[(toks["variant"] == "sparse") & (toks["position"] >= prompt_tokens)]
-    return list(gen.sort_values("position")["text"])
+def _generated(url: str, run_id: str, stats: pd.DataFrame) -> list[str]:
+    """The sparse model's generated tokens, in order: one per decode step recorded."""
+    steps = stats.loc[stats["phase"] != "prefill", "step"]
+    return widgets.generated(url, run_id, int(steps.max()) if len(steps) else 0)
 
 
 def walk_counterfactual(metrics: dict, layer: int) -> tuple[str, str] | None:
@@ -139,7 +137,7 @@ needle_text = st.text_input(
 needle_blocks: list[int] = []
 if needle_text:
     try:
-        needle = find_needle(needle_text, widgets.tokens(url, run_id), blocks, prompt_tokens)
+        needle = widgets.needle(url, run_id, needle_text)
     except NeedleNotFound:
         st.warning("That text does not occur in this run's prompt.")
     else:
@@ -148,7 +146,7 @@ if needle_text:
         st.info(trace.sentence())
         if trace.steps:
             st.plotly_chart(
-                figures.needle_strip(strip_matrix(trace.steps), _generated(url, run_id)),
+                figures.needle_strip(strip_matrix(trace.steps), _generated(url, run_id, stats)),
                 key="needle_strip",
                 config={"displaylogo": False},
             )
@@ -639,15 +637,14 @@ def more_views(
             st.plotly_chart(fig, key=f"depth_{name}")
     else:
         rows = widgets.decode_rows(url, run_id, layer)
-        toks = widgets.tokens(url, run_id)
-        gen = toks[(toks["variant"] == "sparse") & (toks["position"] >= prompt_tokens)]
-        fig = figures.decode_figure(rows, list(gen.sort_values("position")["text"]), blocks)
+        asked = int((run.get("request") or {}).get("max_new_tokens", 0) or 0)
+        gen = widgets.generated(url, run_id, max(asked, len(rows["steps"])))
+        fig = figures.decode_figure(rows, gen, blocks)
         if fig is None:
             st.caption("No decode records for this layer (dense decode, or no tokens generated).")
         else:
             figures.outline_blocks(fig, needle_blocks, int(np.max(rows["n_blocks"])))
             st.plotly_chart(fig, key="decode")
-            asked = int((run.get("request") or {}).get("max_new_tokens", 0) or 0)
             if len(gen) < asked:
                 st.caption(
                     f"The sparse model wrote its end-of-text token after {len(gen)} of the "

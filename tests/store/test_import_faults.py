@@ -92,6 +92,20 @@ def _declare_rows(folder, table: str, rows: int) -> None:
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
+def test_a_block_pair_scored_twice_is_refused(store, export_dir):
+    """block_scores has no primary key: a pair repeated in another batch (here, the file's end)
+    is found by the query after the rows are in, and the import rolls back."""
+    path = export_dir / "block_scores.parquet"
+    data = pq.read_table(path)
+    pq.write_table(pa.concat_tables([data, data.slice(0, 1)]), path, row_group_size=8)
+    _declare_rows(export_dir, "block_scores", data.num_rows + 1)
+    before = _snapshot(store)
+    with pytest.raises(ForeignExportError, match="same block pair twice") as err:
+        store.import_parquet(export_dir)
+    assert "\n" not in str(err.value)
+    assert _snapshot(store) == before
+
+
 def test_duplicate_keys_are_refused(store, export_dir):
     path = export_dir / "tokens.parquet"
     data = pq.read_table(path)
@@ -208,6 +222,7 @@ NESTED = '{"a": ' * 100_000 + "1" + "}" * 100_000  # json.loads: RecursionError
         ("tokens", "position", 1 << 21, "over the store's limit"),
         ("blocks", "token_end", 1 << 21, "over the store's limit"),
         ("runs", "prompt_tokens", 1 << 30, "over the store's limit"),
+        ("tokens", "text", "x" * 1025, "longer than 1024 characters"),
         ("runs", "config", NESTED, "not a JSON object"),
         ("runs", "metrics", "[" * 50_000 + "]" * 50_000, "not a JSON object"),
         ("layer_stats", "q_blocks", "[" * 50_000 + "]" * 50_000, "list of block indices"),

@@ -10,7 +10,14 @@ from known_runs import save_known
 
 from sketchwalk.cli.main import main
 from sketchwalk.store import open_store
-from sketchwalk.store.needle import NeedleNotFound, find_needle, score_ranks, trace
+from sketchwalk.store.needle import (
+    MAX_SPANS,
+    NeedleNotFound,
+    find_needle,
+    needle_spans,
+    score_ranks,
+    trace,
+)
 
 
 @pytest.fixture
@@ -74,3 +81,81 @@ def test_find_needle_spans_blocks_and_every_occurrence():
     with pytest.raises(NeedleNotFound):
         find_needle("", toks, blocks, 8)
     assert score_ranks(np.array([0.1, 0.9, np.nan, 0.5]), [0, 1, 2, 3]) == [3, 1, None, 2]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 100])
+def test_needle_spans_read_piece_by_piece_match_the_whole_prompt(size):
+    """Occurrences across piece borders, overlapping ones and ones inside one long token are
+    found once each, with the token indices of a search over the prompt joined whole."""
+    texts = ["ab", "a", "b", "aba", "", "b", "xababx", "ab", "a", "bab"]
+    joined = "".join(texts)
+    starts = np.cumsum([0] + [len(t) for t in texts])
+    for needle in ("ab", "aba", "bab", "b", "xa", "abab", "babx", "zz"):
+        at, expected = joined.find(needle), []
+        while at >= 0:
+            lo = int(np.searchsorted(starts, at, side="right") - 1)
+            hi = int(np.searchsorted(starts, at + len(needle), side="left"))
+            expected.append((lo, max(hi, lo + 1)))
+            at = joined.find(needle, at + 1)
+        pieces = [texts[i : i + size] for i in range(0, len(texts), size)]
+        assert needle_spans(pieces, needle) == expected, (needle, size)
+
+
+def test_needle_spans_stop_at_max_spans():
+    pieces = [["x"] * 1000] * 10  # a needle repeated all over the prompt
+    assert len(needle_spans(pieces, "x")) == MAX_SPANS
+
+
+def test_last_rows_are_each_records_last_heatmap_row(store):
+    """store.last_rows, read in batches, holds for every record the row the heatmap has at its
+    last query block (prefill: the prompt's last block; decode: the new token's row)."""
+    from store_fixtures import saved_run
+
+    run_id, result = saved_run(store)
+    rows = store.last_rows(run_id)
+    pre = max(int(max(r.q_blocks)) for r in result.layers if r.phase == "prefill")
+    assert len(rows) == len(result.layers)
+    for row, rec in zip(rows, result.layers, strict=True):
+        assert (row["phase"], row["step"], row["layer"]) == (rec.phase, rec.step, rec.layer)
+        q = int(max(rec.q_blocks))
+        assert row["q_block"] == q and row["n_blocks"] == rec.n_blocks
+        hm = store.heatmap(run_id, rec.phase, rec.step, rec.layer)
+        if rec.phase == "prefill" and q != pre:
+            assert np.isnan(row["walk"]).all()
+            continue
+        for name in ("walk", "exact", "selected"):
+            np.testing.assert_array_equal(row[name], hm[name][q], err_msg=name)
+
+
+def test_batched_reads_match_whole_reads_on_every_backend(store):
+    """fetch_batches (DuckDB's reader, PostgreSQL's COPY parsed as it arrives, a cursor
+    elsewhere) gives the rows fetch_arrow gives, texts with quotes, newlines, commas and empty
+    strings included, in batches of the size asked; the prompt read piece by piece too."""
+    from contextlib import closing
+
+    import pyarrow as pa
+    import sqlalchemy as sa
+    from store_fixtures import saved_run
+
+    from sketchwalk.store import schema
+    from sketchwalk.store.bulk import fetch_arrow, fetch_batches
+
+    run_id, result = saved_run(store)
+    t = schema.tokens
+    texts = ['a "quoted", text', "two\nlines", "", "\r\n", "ünï", ",", '""']
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.update(t)
+            .where(t.c.run_id == run_id, t.c.position < len(texts), t.c.variant == "sparse")
+            .values(text=sa.case(*((t.c.position == i, x) for i, x in enumerate(texts))))
+        )
+    stmt = sa.select(t).where(t.c.run_id == run_id).order_by(t.c.variant, t.c.position)
+    with store.engine.connect() as conn:
+        whole = fetch_arrow(conn, t, stmt)
+        with closing(fetch_batches(conn, t, stmt, rows=7)) as batches:
+            parts = list(batches)
+    assert max(b.num_rows for b in parts) <= 7
+    assert pa.Table.from_batches(parts, whole.schema).equals(whole)
+    prompt = [tok.text for tok in result.tokens if tok.variant == "sparse"][: result.prompt_tokens]
+    prompt[: len(texts)] = texts
+    assert [x for piece in store.prompt_texts(run_id) for x in piece] == prompt

@@ -258,3 +258,15 @@ def test_user_text_is_bound_not_formatted(store):
     with pytest.raises(UnknownRunError):
         store.get_run(evil)
     assert store.get_run(run_id)["prompt"].endswith("DROP TABLE runs; --")
+
+
+def test_a_token_text_past_the_stores_limit_is_not_saved(store):
+    """What an import would refuse is not saved either (store/limits.py LONGEST)."""
+    import dataclasses
+
+    result = make_result()
+    result.tokens[0] = dataclasses.replace(result.tokens[0], text="x" * 1025)
+    run_id = store.create_run(dict(REQUEST), status="running")
+    with pytest.raises(InvalidResultError, match="longer than the store's limit of 1024"):
+        store.save_result(run_id, result)
+    assert count_rows(store, run_id)["tokens"] == 0
