@@ -22,6 +22,10 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -46,7 +50,61 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> N
     raise SystemExit("app_latency: the app did not start")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _first_run(
+    page: Page, url: str, prompt: str, args: argparse.Namespace
+) -> tuple[float, float, float]:
+    """Submit the prompt with the page's defaults; seconds from Run clicked to the quality
+    verdict, to the verdict with speed, and to the first heatmap in Explore."""
+    page.goto(url)
+    page.get_by_role("heading", name="New run").wait_for()
+    area = page.get_by_label("Prompt", exact=True)
+    area.fill(prompt)
+    area.press("Control+Enter")
+    page.get_by_text("tokens · limit").first.wait_for()
+    page.wait_for_timeout(1500)
+    if args.no_clean_timing:
+        page.get_by_text("Also time a clean pass", exact=True).click()
+        page.wait_for_timeout(1500)
+    t0 = time.monotonic()
+    page.get_by_role("button", name="Run", exact=True).click()
+    verdict = page.locator(".st-key-nr_verdict")
+    verdict.locator('[data-testid="stMetricValue"]').first.wait_for()
+    t_quality = time.monotonic() - t0
+    if not args.no_clean_timing:  # the speed half: a prefill speed in x
+        verdict.get_by_text("×").first.wait_for()
+    t_done = time.monotonic() - t0
+    if args.shot:
+        page.wait_for_timeout(1500)  # the panel's last rows settle
+        verdict.screenshot(path=args.shot)
+    page.get_by_role("button", name="Open in Explore").first.click()
+    page.locator(".js-plotly-plot .heatmaplayer").first.wait_for()
+    return t_quality, t_done, time.monotonic() - t0
+
+
+def _second_run(page: Page, args: argparse.Namespace) -> tuple[float, float]:
+    """The same prompt at --second-density (the density slider moved key by key); seconds from
+    Run clicked to its quality verdict and to the verdict with speed."""
+    page.get_by_role("link", name="New run").first.click()
+    slider = page.locator(".st-key-nr_density").get_by_role("slider")
+    slider.wait_for()
+    steps = round((0.2 - args.second_density) / 0.01)
+    key = "ArrowLeft" if steps > 0 else "ArrowRight"
+    for _ in range(abs(steps)):  # one key at a time, each re-rendered
+        slider.press(key)
+        page.wait_for_timeout(250)
+    page.wait_for_timeout(1500)
+    t1 = time.monotonic()
+    page.get_by_role("button", name="Run", exact=True).click()
+    verdict = page.locator(".st-key-nr_verdict")
+    target = f"target {args.second_density:.2f}"
+    verdict.get_by_text(target).first.wait_for()
+    t2_quality = time.monotonic() - t1
+    if not args.no_clean_timing:
+        verdict.get_by_text("×").first.wait_for()
+    return t2_quality, time.monotonic() - t1
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--prompt-file", required=True)
     ap.add_argument("--shot", default=None, help="save the verdict panel as this PNG")
@@ -61,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         default=0.1,
         help="then run the same prompt at this density (0: no second run)",
     )
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
     if not 0 <= args.second_density <= 1:
         print("app_latency: --second-density must lie in [0, 1]", file=sys.stderr)
         return 2
@@ -91,49 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(1_800_000)
-            page.goto(url)
-            page.get_by_role("heading", name="New run").wait_for()
-            area = page.get_by_label("Prompt", exact=True)
-            area.fill(prompt)
-            area.press("Control+Enter")
-            page.get_by_text("tokens · limit").first.wait_for()
-            page.wait_for_timeout(1500)
-            if args.no_clean_timing:
-                page.get_by_text("Also time a clean pass", exact=True).click()
-                page.wait_for_timeout(1500)
-            t0 = time.monotonic()
-            page.get_by_role("button", name="Run", exact=True).click()
-            verdict = page.locator(".st-key-nr_verdict")
-            verdict.locator('[data-testid="stMetricValue"]').first.wait_for()
-            t_quality = time.monotonic() - t0
-            if not args.no_clean_timing:  # the speed half: a prefill speed in x
-                verdict.get_by_text("×").first.wait_for()
-            t_done = time.monotonic() - t0
-            if args.shot:
-                page.wait_for_timeout(1500)  # the panel's last rows settle
-                verdict.screenshot(path=args.shot)
-            page.get_by_role("button", name="Open in Explore").first.click()
-            page.locator(".js-plotly-plot .heatmaplayer").first.wait_for()
-            t_map = time.monotonic() - t0
-            second = None
-            if args.second_density:
-                page.get_by_role("link", name="New run").first.click()
-                slider = page.locator(".st-key-nr_density").get_by_role("slider")
-                slider.wait_for()
-                steps = round((0.2 - args.second_density) / 0.01)
-                key = "ArrowLeft" if steps > 0 else "ArrowRight"
-                for _ in range(abs(steps)):  # one key at a time, each re-rendered
-                    slider.press(key)
-                    page.wait_for_timeout(250)
-                page.wait_for_timeout(1500)
-                t1 = time.monotonic()
-                page.get_by_role("button", name="Run", exact=True).click()
-                target = f"target {args.second_density:.2f}"
-                verdict.get_by_text(target).first.wait_for()
-                t2_quality = time.monotonic() - t1
-                if not args.no_clean_timing:
-                    verdict.get_by_text("×").first.wait_for()
-                second = (t2_quality, time.monotonic() - t1)
+            t_quality, t_done, t_map = _first_run(page, url, prompt, args)
+            second = _second_run(page, args) if args.second_density else None
             browser.close()
     finally:
         proc.terminate()

@@ -110,44 +110,80 @@ def _row(base: dict, dense_ms: float, overhead_ms: float, kernel_ms: float) -> d
     }
 
 
+@dataclass(frozen=True)
+class BenchRun:
+    """What every row of one bench run shares: the dtype, device and backend timed, how often,
+    and the config besides density (knobs; block_size and query_block override it)."""
+
+    dtype: torch.dtype
+    device: torch.device
+    repeats: int
+    backend: str | None = None
+    progress: Callable[[], None] | None = None
+    flex: bool = False
+    block_size: int | None = None
+    query_block: int | None = None
+    knobs: SketchWalkConfig | None = None
+
+    def config(self, density: float) -> SketchWalkConfig:
+        cfg = (self.knobs or SketchWalkConfig()).with_(density=density)
+        if self.block_size is not None:
+            cfg = cfg.with_(block_size=self.block_size)
+        if self.query_block is not None:
+            cfg = cfg.with_(query_block=self.query_block)
+        return cfg
+
+    def row(self, phase: str, shape: Shape, seq_len: int, block_size: int) -> dict:
+        """The columns every row of this run starts with."""
+        return {
+            "phase": phase,
+            "shape": shape.name,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "device": self.device.type,
+            "backend": choose_backend(self.device, self.backend),
+            "seq_len": seq_len,
+            "block_size": block_size,
+        }
+
+
+def _random_qkv(
+    shape: Shape, lq: int, lk: int, seed: int, run: BenchRun
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seeded q [1, H, lq, D], k and v [1, Hkv, lk, D] in the run's dtype, on its device."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    kv = (1, shape.kv_heads, lk, shape.head_dim)
+    q = torch.randn((1, shape.heads, lq, shape.head_dim), generator=gen).to(run.device, run.dtype)
+    k = torch.randn(kv, generator=gen).to(run.device, run.dtype)
+    v = torch.randn(kv, generator=gen).to(run.device, run.dtype)
+    return q, k, v
+
+
+def _fa2_ms(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, run: BenchRun) -> float | None:
+    """Dense flash-attn 2's median time (on CUDA in half precision, where it is installed): it
+    does not depend on the density, so it is timed once per shape and length."""
+    fa2 = _flash_attn_2() if run.device.type == "cuda" and run.dtype != torch.float32 else None
+    if fa2 is None:
+        return None
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    fa2(qt, kt, vt, causal=True)
+    return statistics.median(
+        timed(lambda: fa2(qt, kt, vt, causal=True), run.device)[1] for _ in range(run.repeats)
+    )
+
+
 def bench_prefill(
-    shape: Shape,
-    seq_len: int,
-    densities: Iterable[float],
-    dtype: torch.dtype,
-    device: torch.device,
-    repeats: int,
-    backend: str | None,
-    progress: Callable[[], None] | None = None,
-    flex: bool = False,
-    block_size: int | None = None,
-    query_block: int | None = None,
-    knobs: SketchWalkConfig | None = None,
+    shape: Shape, seq_len: int, densities: Iterable[float], run: BenchRun
 ) -> list[dict]:
+    """A seq_len prompt per density: dense SDPA against the selection plus our kernel (and
+    FlexAttention on the same lists, and flash-attn 2, where asked for and available)."""
     from sketchwalk.engine.method.pipeline import prefill_selection, sparse_attention
 
-    gen = torch.Generator(device="cpu").manual_seed(seq_len)
-    shp = (1, shape.heads, seq_len, shape.head_dim)
-    kv = (1, shape.kv_heads, seq_len, shape.head_dim)
-    q = torch.randn(shp, generator=gen).to(device, dtype)
-    k = torch.randn(kv, generator=gen).to(device, dtype)
-    v = torch.randn(kv, generator=gen).to(device, dtype)
-    fa2 = _flash_attn_2() if device.type == "cuda" and dtype != torch.float32 else None
-    which = choose_backend(device, backend)
-    fa_ms = None
-    if fa2 is not None:  # dense flash-attn 2 does not depend on the density: time it once
-        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        fa2(qt, kt, vt, causal=True)
-        fa_ms = statistics.median(
-            timed(lambda: fa2(qt, kt, vt, causal=True), device)[1] for _ in range(repeats)
-        )
+    device, backend = run.device, run.backend
+    q, k, v = _random_qkv(shape, seq_len, seq_len, seq_len, run)
+    fa_ms = _fa2_ms(q, k, v, run)
     rows = []
     for density in densities:
-        cfg = (knobs or SketchWalkConfig()).with_(density=density)
-        if block_size is not None:
-            cfg = cfg.with_(block_size=block_size)
-        if query_block is not None:
-            cfg = cfg.with_(query_block=query_block)
+        cfg = run.config(density)
         state: dict = {}
 
         def sparse(cfg=cfg, state=state) -> tuple[float, float]:
@@ -160,18 +196,12 @@ def bench_prefill(
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
         peers, flex_extra = {}, {}
-        if flex:
+        if run.flex:
             peers["flex"], flex_extra = _flex_peer(q, k, v, cfg, backend, device)
-        d_ms, o_ms, k_ms, peer_ms = _median_pairs(dense, sparse, repeats, device, peers)
+        d_ms, o_ms, k_ms, peer_ms = _median_pairs(dense, sparse, run.repeats, device, peers)
         p_ms = peer_ms.get("flex")
         base = {
-            "phase": "prefill",
-            "shape": shape.name,
-            "dtype": str(dtype).removeprefix("torch."),
-            "device": device.type,
-            "backend": which,
-            "seq_len": seq_len,
-            "block_size": cfg.block_size,
+            **run.row("prefill", shape, seq_len, cfg.block_size),
             "query_block": cfg.query_block or cfg.block_size,
             "density": density,
             "achieved_density": round(state["sel"].density, 4),
@@ -185,8 +215,8 @@ def bench_prefill(
             row["fa2_ms"] = round(fa_ms, 3)
             row["fa2_speedup"] = round(fa_ms / row["sparse_ms"], 3)
         rows.append(row)
-        if progress:
-            progress()
+        if run.progress:
+            run.progress()
     return rows
 
 
@@ -209,70 +239,61 @@ def _flex_peer(q, k, v, cfg, backend, device) -> tuple[Callable[[], object], dic
     }
 
 
+def _decode_paths(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lists: BlockLists,
+    scale: float,
+) -> dict[str, Callable[[], object]]:
+    """The paths a session's decode takes on CPU (engine/hf/session.py, decode_reselect 0): a
+    selection kept across steps, gathered once ("kept"), and a step that selects afresh, which
+    gathers its selection and attends ("fresh"); re-selecting every token (decode_reselect 1)
+    runs the stateless kernel (kernel_ms). None of them where the lists leave out the current
+    block (then decode takes the stateless kernel)."""
+    from sketchwalk.kernels import decode_cache
+
+    idx, cnt, b, lk = lists.index, lists.count, lists.block_size, k.shape[2]
+    if q.device.type != "cpu" or not bool((idx == -(-lk // b) - 1).any()):
+        return {}
+    g = decode_cache.gather(k, v, idx, cnt, b, lk)
+
+    def fresh() -> torch.Tensor:
+        return decode_cache.attend(decode_cache.gather(k, v, idx, cnt, b, lk), q, k, v, scale)
+
+    return {"kept": lambda: decode_cache.attend(g, q, k, v, scale), "fresh": fresh}
+
+
 def bench_decode(
-    shape: Shape,
-    seq_len: int,
-    densities: Iterable[float],
-    dtype: torch.dtype,
-    device: torch.device,
-    repeats: int,
-    backend: str | None,
-    progress: Callable[[], None] | None = None,
-    block_size: int | None = None,
-    knobs: SketchWalkConfig | None = None,
+    shape: Shape, seq_len: int, densities: Iterable[float], run: BenchRun
 ) -> list[dict]:
     """One query against a seq_len cache; the list comes from decode_block_list (no selection cost)."""
-
-    gen = torch.Generator(device="cpu").manual_seed(seq_len + 1)
-    kv = (1, shape.kv_heads, seq_len, shape.head_dim)
-    q = torch.randn(1, shape.heads, 1, shape.head_dim, generator=gen).to(device, dtype)
-    k = torch.randn(kv, generator=gen).to(device, dtype)
-    v = torch.randn(kv, generator=gen).to(device, dtype)
-    which = choose_backend(device, backend)
+    device, backend = run.device, run.backend
+    q, k, v = _random_qkv(shape, 1, seq_len, seq_len + 1, run)
     rows = []
     for density in densities:
-        cfg = (knobs or SketchWalkConfig()).with_(density=density)
-        b = block_size or cfg.block_size
+        cfg = (run.knobs or SketchWalkConfig()).with_(density=density)
+        b = run.block_size or cfg.block_size
         n = -(-seq_len // b)
         # the config's sink and window with their block floors; the current block always
         sink = max(math.ceil(cfg.sink * seq_len / b), getattr(cfg, "sink_blocks", 0))
         window = max(math.ceil(cfg.window * seq_len / b), getattr(cfg, "window_blocks", 0)) + 1
         idx, cnt = decode_block_list(n, density, sink, window, device)
+        lists = BlockLists(idx, cnt, b)
 
         def sparse(idx=idx, cnt=cnt, b=b) -> tuple[float, float]:
-            call = lambda: block_sparse_attention(q, k, v, BlockLists(idx, cnt, b), backend=backend)  # noqa: E731
+            def call() -> torch.Tensor:
+                return block_sparse_attention(q, k, v, BlockLists(idx, cnt, b), backend=backend)
+
             return 0.0, timed(call, device)[1]
 
         def dense() -> object:
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
-        # the paths a session's decode takes on CPU (engine/hf/session.py, decode_reselect 0): a
-        # selection kept across steps, gathered once ("kept"), and a step that selects afresh,
-        # which gathers its selection and attends ("fresh"); re-selecting every token
-        # (decode_reselect 1) runs the stateless kernel (kernel_ms)
-        peers: dict[str, Callable[[], object]] = {}
-        if device.type == "cpu" and bool((idx == n - 1).any()):
-            from sketchwalk.kernels import decode_cache
-
-            sc = shape.head_dim**-0.5
-            g = decode_cache.gather(k, v, idx, cnt, b, seq_len)
-            peers["kept"] = lambda g=g, sc=sc: decode_cache.attend(g, q, k, v, sc)  # noqa: E731
-
-            def fresh(idx=idx, cnt=cnt, b=b, sc=sc) -> torch.Tensor:
-                return decode_cache.attend(
-                    decode_cache.gather(k, v, idx, cnt, b, seq_len), q, k, v, sc
-                )
-
-            peers["fresh"] = fresh
-        d_ms, o_ms, k_ms, peer_ms = _median_pairs(dense, sparse, max(repeats, 5), device, peers)
+        peers = _decode_paths(q, k, v, lists, shape.head_dim**-0.5)
+        d_ms, o_ms, k_ms, peer_ms = _median_pairs(dense, sparse, max(run.repeats, 5), device, peers)
         base = {
-            "phase": "decode",
-            "shape": shape.name,
-            "dtype": str(dtype).removeprefix("torch."),
-            "device": device.type,
-            "backend": which,
-            "seq_len": seq_len,
-            "block_size": b,
+            **run.row("decode", shape, seq_len, b),
             "density": density,
             "achieved_density": round(int(cnt.sum()) / n, 4),
         }
@@ -281,12 +302,12 @@ def bench_decode(
             row[f"{name}_ms"] = round(ms, 3)
             row[f"{name}_speedup"] = round(d_ms / ms, 3)
         rows.append(row)
-        if progress:
-            progress()
+        if run.progress:
+            run.progress()
     return rows
 
 
-def run_attention_bench(
+def run_attention_bench(  # many parameters: the bench command's options, each a keyword (cli/bench.py)
     device: str | torch.device,
     seq_lens: Iterable[int],
     densities: Iterable[float],
@@ -303,23 +324,19 @@ def run_attention_bench(
 ) -> list[dict]:
     """Rows of dense vs sparse timings, one per (phase, shape, seq_len, density); knobs: the
     config besides density (default: the defaults)."""
-    dev = torch.device(device)
-    dt = DTYPES[dtype]
+    run = BenchRun(
+        DTYPES[dtype], torch.device(device), repeats, backend, progress, flex, block_size,
+        query_block, knobs,
+    )  # fmt: skip
     densities = list(densities)
     rows: list[dict] = []
     for name in shapes:
         shape = SHAPES[name]
         for seq_len in seq_lens:
             if "prefill" in phases:
-                rows += bench_prefill(
-                    shape, seq_len, densities, dt, dev, repeats, backend, progress, flex,
-                    block_size, query_block, knobs,
-                )  # fmt: skip
+                rows += bench_prefill(shape, seq_len, densities, run)
             if "decode" in phases:
-                rows += bench_decode(
-                    shape, seq_len, densities, dt, dev, repeats, backend, progress, block_size,
-                    knobs,
-                )  # fmt: skip
+                rows += bench_decode(shape, seq_len, densities, run)
     return rows
 
 

@@ -55,6 +55,59 @@ def _last_kept(scores: np.ndarray, density: float) -> np.ndarray:
     return keep
 
 
+def _layer_records(
+    layer: int,
+    n: int,
+    rng: np.random.Generator,
+    far: np.ndarray,
+    density: float,
+    decode: int,
+    exact_ok: bool,
+) -> list[LayerRecord]:
+    """One layer's prefill record and its decode steps' records (drawing from rng in order)."""
+    recs: list[LayerRecord] = []
+    exact = _rows(n, rng, far)
+    sketch = (exact + rng.random((n, n), dtype=np.float32) * 1e-3) * np.tri(n, dtype=np.float32)
+    walk = sketch + 0.5 * sketch.mean(0, keepdims=True) * np.tri(n, dtype=np.float32)
+    dense = layer == 0
+    kept = None if dense else _kept(walk, density)
+    nan = np.tri(n, dtype=bool)
+    recs.append(
+        LayerRecord(
+            "prefill",
+            0,
+            layer,
+            dense,
+            n,
+            np.arange(n),
+            sketch=np.where(nan, sketch, np.nan).astype(np.float32),
+            walk=None if dense else np.where(nan, walk, np.nan).astype(np.float32),
+            exact=np.where(nan, exact, np.nan).astype(np.float32) if exact_ok else None,
+            selected=kept,
+            density_target=None if dense else density,
+            density_achieved=None if dense else float(kept.sum() / nan.sum()),
+            mass_recall=None if dense or not exact_ok else float((exact * kept).sum(1).mean()),
+        )
+    )
+    for step in range(1, decode + 1):
+        row = _rows(n, rng, far)[-1:]
+        recs.append(
+            LayerRecord(
+                "decode",
+                step,
+                layer,
+                dense,
+                n,
+                np.array([n - 1]),
+                sketch=row,
+                walk=None if dense else row * 1.1,
+                exact=row if exact_ok else None,
+                selected=None if dense else _last_kept(row[0], density)[None],
+            )
+        )
+    return recs
+
+
 def make_long_result(
     tokens: int,
     layers: int = 4,
@@ -69,45 +122,7 @@ def make_long_result(
     exact_ok = tokens <= 8192
     recs: list[LayerRecord] = []
     for layer in range(layers):
-        exact = _rows(n, rng, far)
-        sketch = (exact + rng.random((n, n), dtype=np.float32) * 1e-3) * np.tri(n, dtype=np.float32)
-        walk = sketch + 0.5 * sketch.mean(0, keepdims=True) * np.tri(n, dtype=np.float32)
-        dense = layer == 0
-        kept = None if dense else _kept(walk, density)
-        nan = np.tri(n, dtype=bool)
-        recs.append(
-            LayerRecord(
-                "prefill",
-                0,
-                layer,
-                dense,
-                n,
-                np.arange(n),
-                sketch=np.where(nan, sketch, np.nan).astype(np.float32),
-                walk=None if dense else np.where(nan, walk, np.nan).astype(np.float32),
-                exact=np.where(nan, exact, np.nan).astype(np.float32) if exact_ok else None,
-                selected=kept,
-                density_target=None if dense else density,
-                density_achieved=None if dense else float(kept.sum() / nan.sum()),
-                mass_recall=None if dense or not exact_ok else float((exact * kept).sum(1).mean()),
-            )
-        )
-        for step in range(1, decode + 1):
-            row = _rows(n, rng, far)[-1:]
-            recs.append(
-                LayerRecord(
-                    "decode",
-                    step,
-                    layer,
-                    dense,
-                    n,
-                    np.array([n - 1]),
-                    sketch=row,
-                    walk=None if dense else row * 1.1,
-                    exact=row if exact_ok else None,
-                    selected=None if dense else _last_kept(row[0], density)[None],
-                )
-            )
+        recs += _layer_records(layer, n, rng, far, density, decode, exact_ok)
     words = [WORDS[k % len(WORDS)] + " " for k in range(tokens)]
     for f in far[:1]:
         words[f * block + 3] = "PASSKEY-31337 "

@@ -49,7 +49,7 @@ def _ceiling(attn: float | None, whole: float, density: float) -> float | None:
     return None if c is None else round(c.at_density, 3)
 
 
-def run_model_bench(
+def run_model_bench(  # many parameters: the bench command's options, each a keyword (cli/bench.py)
     model: torch.nn.Module,
     tokenizer,
     text: str,
@@ -82,48 +82,53 @@ def run_model_bench(
                     sparse.append(run_variant(model, ids, new_tokens, cfg, all_logits, backend))
                 if progress is not None:
                     progress()
-        d_pre = _med([p.prefill_ms for p in dense])
-        s_pre = _med([p.prefill_ms for p in sparse])
-        # decode: each pass's mean step (what a generation pays: the steps that re-select, one
-        # per key block, cost 2-3x the others, and a median step leaves them out), then the
-        # median over passes; the median step is kept beside it
-        d_dec = _med([statistics.fmean(p.decode_ms) for p in dense if p.decode_ms])
-        s_dec = _med([statistics.fmean(p.decode_ms) for p in sparse if p.decode_ms])
-        s_dec_med = _med([_med(p.decode_ms) for p in sparse])
-        d_dec_med = _med([_med(p.decode_ms) for p in dense])
-        # the slowest step after the first (which selects in every layer): the stutter a
-        # generation shows where many layers re-select at the same token
-        s_worst = _med([max(p.decode_ms[1:]) for p in sparse if len(p.decode_ms) > 1])
-        stage_names = sorted({k for p in sparse for k in p.stages})
-        stages = {k: _med([p.stages.get(k, 0.0) for p in sparse]) for k in stage_names}
-        d_attn = {k: _med([p.stages[k] for p in dense]) for k in dense[0].stages}
-        rows.append(
-            dict(
-                seq_len=n,
-                new_tokens=new_tokens,
-                repeats=repeats,
-                density=cfg.density,
-                block_size=cfg.block_size,
-                per_group=cfg.per_group,
-                decode_reselect=cfg.decode_reselect,
-                all_logits=all_logits,
-                dense_prefill_ms=round(d_pre, 1),
-                sparse_prefill_ms=round(s_pre, 1),
-                prefill_speedup=round(d_pre / s_pre, 3),
-                prefill_ceiling=_ceiling(d_attn.get("prefill_attention"), d_pre, cfg.density),
-                dense_decode_ms=round(d_dec, 2),
-                sparse_decode_ms=round(s_dec, 2),
-                decode_speedup=round(d_dec / s_dec, 3) if new_tokens else None,
-                decode_ceiling=_ceiling(d_attn.get("decode_attention"), d_dec, cfg.density),
-                dense_decode_median_ms=round(d_dec_med, 2),
-                sparse_decode_median_ms=round(s_dec_med, 2),
-                sparse_decode_worst_ms=round(s_worst, 2),
-                same_first_token=all(p.first_token == dense[0].first_token for p in sparse),
-                dense_stages_ms={k: round(v, 1) for k, v in d_attn.items()},
-                sparse_stages_ms={k: round(v, 1) for k, v in stages.items()},
-            )
+        settings = dict(
+            seq_len=n,
+            new_tokens=new_tokens,
+            repeats=repeats,
+            density=cfg.density,
+            block_size=cfg.block_size,
+            per_group=cfg.per_group,
+            decode_reselect=cfg.decode_reselect,
+            all_logits=all_logits,
         )
+        rows.append({**settings, **_medians(dense, sparse, cfg.density, new_tokens)})
     return rows
+
+
+def _medians(dense: list[Pass], sparse: list[Pass], density: float, new_tokens: int) -> dict:
+    """A row's timings: medians over the dense and the sparse passes, and their ratios."""
+    d_pre = _med([p.prefill_ms for p in dense])
+    s_pre = _med([p.prefill_ms for p in sparse])
+    # decode: each pass's mean step (what a generation pays: the steps that re-select, one
+    # per key block, cost 2-3x the others, and a median step leaves them out), then the
+    # median over passes; the median step is kept beside it
+    d_dec = _med([statistics.fmean(p.decode_ms) for p in dense if p.decode_ms])
+    s_dec = _med([statistics.fmean(p.decode_ms) for p in sparse if p.decode_ms])
+    s_dec_med = _med([_med(p.decode_ms) for p in sparse])
+    d_dec_med = _med([_med(p.decode_ms) for p in dense])
+    # the slowest step after the first (which selects in every layer): the stutter a
+    # generation shows where many layers re-select at the same token
+    s_worst = _med([max(p.decode_ms[1:]) for p in sparse if len(p.decode_ms) > 1])
+    stage_names = sorted({k for p in sparse for k in p.stages})
+    stages = {k: _med([p.stages.get(k, 0.0) for p in sparse]) for k in stage_names}
+    d_attn = {k: _med([p.stages[k] for p in dense]) for k in dense[0].stages}
+    return dict(
+        dense_prefill_ms=round(d_pre, 1),
+        sparse_prefill_ms=round(s_pre, 1),
+        prefill_speedup=round(d_pre / s_pre, 3),
+        prefill_ceiling=_ceiling(d_attn.get("prefill_attention"), d_pre, density),
+        dense_decode_ms=round(d_dec, 2),
+        sparse_decode_ms=round(s_dec, 2),
+        decode_speedup=round(d_dec / s_dec, 3) if new_tokens else None,
+        decode_ceiling=_ceiling(d_attn.get("decode_attention"), d_dec, density),
+        dense_decode_median_ms=round(d_dec_med, 2),
+        sparse_decode_median_ms=round(s_dec_med, 2),
+        sparse_decode_worst_ms=round(s_worst, 2),
+        same_first_token=all(p.first_token == dense[0].first_token for p in sparse),
+        dense_stages_ms={k: round(v, 1) for k, v in d_attn.items()},
+        sparse_stages_ms={k: round(v, 1) for k, v in stages.items()},
+    )
 
 
 def format_table(rows: list[dict]) -> str:

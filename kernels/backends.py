@@ -44,9 +44,11 @@ class BlockSparseAttention(Protocol):
 
 
 class DecodeKeeper(Protocol):
-    """Decode over lists reused across steps: `plan` keeps what the lists need (e.g. their K/V
-    gathered once) or returns None where the stateless kernel should run; `run` attends with it.
-    previous: the last plan of this layer; extended_from: the lists these extend by one block."""
+    """Decode over lists reused across steps: `plan` returns what it keeps for the lists (e.g.
+    their K/V gathered once) or None where the stateless kernel should run; `run` attends with
+    that kept state. previous: what `plan` kept last for this layer; extended_from: the lists
+    these extend by one block; spare_blocks: key blocks the kept state leaves space for (the
+    blocks the lists may cross before they are selected again)."""
 
     def plan(
         self,
@@ -56,11 +58,11 @@ class DecodeKeeper(Protocol):
         v: torch.Tensor,
         lists: BlockLists,
         extended_from: BlockLists | None,
-        room: int,
+        spare_blocks: int,
     ) -> object | None: ...
 
     def run(
-        self, plan: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+        self, kept: object, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor: ...
 
 

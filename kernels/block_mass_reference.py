@@ -57,7 +57,7 @@ def normalise_rows(mass: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, mass / total.clamp(min=1e-30), mass)
 
 
-def pooled_block_mass_reference(
+def pooled_block_mass_reference(  # many parameters: the block_mass op's (kernels/backends.py)
     qs: torch.Tensor,
     q_valid: torch.Tensor,
     pos: torch.Tensor,

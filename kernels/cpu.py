@@ -47,7 +47,7 @@ def block_sparse_attention_cpu(
         out = prefill_block_attention(q, k, v, index, count, b, scale, seq_start, qt)
         if out is not None:
             return out.to(q.dtype)
-    return prefill(q, k, v, index, count, b, qt, causal, scale, seq_start)
+    return prefill(q, k, v, lists, causal, scale)
 
 
 __all__ = ["block_sparse_attention_cpu"]

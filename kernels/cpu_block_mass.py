@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -55,7 +57,68 @@ def _chunk_queries(pos: torch.Tensor, lk: int, row_elems: int, chunk_elems: int)
     return step
 
 
-def sampled_block_mass(
+@dataclass(frozen=True)
+class _MassChunks:
+    """What every chunk of one sampled_block_mass call reads, and the chunks' scoring: queries
+    are scored chunk by chunk (bounded memory), each chunk only against the keys it can see."""
+
+    qs: torch.Tensor  # [B, H, S, r] sketched queries
+    q_valid: torch.Tensor  # [B, S]
+    pos: torch.Tensor  # [S] their positions, on qs's device
+    keys: torch.Tensor  # packed for the fused kernel, else [B, Hkv, r, Lk] in the product dtype
+    start: torch.Tensor  # [B, 1, 1] each sequence's first real key
+    end: torch.Tensor  # [B, 1, 1] one past its last real key
+    out: torch.Tensor  # [B, Hkv, G, R, n] the masses, pooled per row
+    c: float  # the logits' scale, dim ** -0.5 / tau
+    block_size: int
+    lk: int  # keys
+    first_row: int  # the query block of out's row 0
+    step: int  # queries per chunk
+    span: int  # the torch product's key widths are multiples of it
+    fused: bool  # scores and block mass in one C call (kernels/block_softmax.py)
+    dtype: torch.dtype  # of the score product
+    pool: str
+    softmax_sums: Callable[..., torch.Tensor]
+
+    def score(self, s0: int, s1: int) -> None:
+        """Queries s0 .. s1 - 1, chunk by chunk, into their rows of out. The torch product
+        writes into one buffer per part, sized for the longest chunk: chunks score ever more
+        keys, and a fresh, larger block per chunk is rarely reused by the heap."""
+        buf = None
+        if not self.fused:
+            bsz, hkv, gh = self.out.shape[:3]
+            size = bsz * hkv * gh * self.step * self.lk
+            buf = torch.empty(size, dtype=self.dtype, device=self.qs.device)
+        for s in range(s0, s1, self.step):
+            self.chunk(s, min(s1, s + self.step), buf)
+
+    def chunk(self, s: int, e: int, buf: torch.Tensor | None = None) -> None:
+        """Queries s .. e - 1: their softmax over each row's visible keys, summed per key block
+        (kernels/block_softmax: in C on CPU, without writing the probabilities: ~half the
+        estimator's time in torch), then pooled into their rows of out."""
+        bsz, hkv, gh = self.out.shape[:3]
+        b, lk = self.block_size, self.lk
+        p = self.pos[s:e]
+        kend = int(p[-1]) + 1  # no query of this chunk sees past itself
+        if not self.fused:
+            kend = min(lk, -(-kend // self.span) * self.span)
+        nkc = -(-kend // b)
+        qg = kv_rows(self.qs[:, :, s:e] * self.c, hkv).to(self.dtype)
+        hi = torch.minimum((p + 1).repeat(gh)[None, None], self.end)
+        if self.fused:
+            mass = scored_block_mass(qg, self.keys, self.start, hi, b, min(kend, lk))
+        else:
+            kk = self.keys[..., : min(kend, lk)]
+            shape = (*qg.shape[:-1], kk.shape[-1])  # [B, Hkv, G * c, kend]
+            scores = torch.matmul(qg, kk, out=buf[: math.prod(shape)].view(shape))
+            mass = self.softmax_sums(scores, self.start, hi, b)
+        mass = mass.view(bsz, hkv, gh, e - s, nkc)
+        if not bool(self.q_valid[:, s:e].all()):
+            mass.masked_fill_(~self.q_valid[:, None, None, s:e, None], 0.0)  # padding queries
+        pool_into(self.out[..., :nkc], 3, p // b - self.first_row, mass, self.pool)
+
+
+def sampled_block_mass(  # many parameters: the block_mass op's inputs and its scalar knobs
     qs: torch.Tensor,
     q_valid: torch.Tensor,
     pos: torch.Tensor,
@@ -83,7 +146,6 @@ def sampled_block_mass(
     hkv, lk = ks.shape[1], ks.shape[2]
     gh, b = h // hkv, block_size
     n = -(-lk // b)
-    c = dim**-0.5 / tau
     blk_host = pos.cpu() // b  # positions are host values: their blocks sized without a sync
     pos = pos.to(qs.device)
     blk_all = pos // b
@@ -100,63 +162,39 @@ def sampled_block_mass(
         keys = pack_keys(ks)
     else:
         keys = ks.transpose(-1, -2).to(dtype, memory_format=torch.contiguous_format)
-    softmax_sums = block_softmax_sums if native else block_softmax_sums_reference
-    # each sequence's real keys are one span (left or right padding): a query at p sees
-    # start .. min(p + 1, end) - 1
-    at = torch.arange(lk, device=qs.device)
-    start = torch.where(k_valid, at, lk).amin(1).view(bsz, 1, 1)
-    end = torch.where(k_valid, at + 1, 0).amax(1).view(bsz, 1, 1)
+    start, end = _key_span(k_valid)
     if fused:  # bounded by its output alone: every row tile's keys end at its own queries
         step = max(1, (chunk_elems or _FUSED_ELEMS) // max(h * n * bsz, 1))
     else:
         step = _chunk_queries(pos, lk, h * lk * bsz, chunk_elems or _SCORE_ELEMS)
-
-    def score(s0: int, s1: int) -> None:
-        """Queries s0 .. s1 - 1, chunk by chunk, into their rows of out. The torch product
-        writes into one buffer per part, sized for the longest chunk: chunks score ever more
-        keys, and a fresh, larger block per chunk is rarely reused by the heap."""
-        buf = None
-        if not fused:
-            buf = torch.empty(bsz * hkv * gh * step * lk, dtype=dtype, device=qs.device)
-        for s in range(s0, s1, step):
-            chunk(s, min(s1, s + step), buf)
-
     # the torch product's key widths rounded up to a few sizes: every distinct width was a new
     # oneDNN bfloat16 primitive (kept in its cache, with its own scratch), and at 64k tokens a
     # layer's ~1000 chunks held 3.2 GB that way; the extra keys are masked like any future key
     span = max(b, -(-lk // (_CHUNK_SPAN * b)) * b)
-
-    def chunk(s: int, e: int, buf: torch.Tensor | None = None) -> None:
-        p = pos[s:e]
-        kend = int(p[-1]) + 1  # no query of this chunk sees past itself
-        if not fused:
-            kend = min(lk, -(-kend // span) * span)
-        nkc = -(-kend // b)
-        qg = kv_rows(qs[:, :, s:e] * c, hkv).to(dtype)
-        # the softmax over each row's visible keys, summed per key block (kernels/block_softmax:
-        # in C on CPU, without writing the probabilities: ~half the estimator's time in torch)
-        hi = torch.minimum((p + 1).repeat(gh)[None, None], end)
-        if fused:
-            mass = scored_block_mass(qg, keys, start, hi, b, min(kend, lk))
-        else:
-            kk = keys[..., : min(kend, lk)]
-            shape = (*qg.shape[:-1], kk.shape[-1])  # [B, Hkv, G * c, kend]
-            scores = torch.matmul(qg, kk, out=buf[: math.prod(shape)].view(shape))
-            mass = softmax_sums(scores, start, hi, b)
-        mass = mass.view(bsz, hkv, gh, e - s, nkc)
-        if not bool(q_valid[:, s:e].all()):
-            mass.masked_fill_(~q_valid[:, None, None, s:e, None], 0.0)  # padding queries
-        pool_into(out[..., :nkc], 3, p // b - j0, mass, pool)
-
+    softmax_sums = block_softmax_sums if native else block_softmax_sums_reference
+    chunks = _MassChunks(
+        qs, q_valid, pos, keys, start, end, out, dim**-0.5 / tau, b, lk, j0, step, span, fused,
+        dtype, pool, softmax_sums,
+    )  # fmt: skip
     # on CPU, one part per core (kernels/parts.py: at 7k tokens 1.6x faster than every op on
     # both cores); parts end at query blocks, so they add into disjoint rows of out
     on_cpu = qs.device.type == "cpu"
     cuts = _cuts_by_work(pos, b, workers(), _PART_QUERIES) if on_cpu else [0, length]
     if len(cuts) > 2:
-        run_in_parts(score, cuts)
+        run_in_parts(chunks.score, cuts)
     else:
-        score(0, length)
+        chunks.score(0, length)
     return out if pool == "max" else mean_per_row(out, blk_all - j0, q_valid)
+
+
+def _key_span(k_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, 1, 1] first real key and one past the last: each sequence's real keys are one span
+    (left or right padding), so a query at p sees start .. min(p + 1, end) - 1."""
+    bsz, lk = k_valid.shape
+    at = torch.arange(lk, device=k_valid.device)
+    start = torch.where(k_valid, at, lk).amin(1).view(bsz, 1, 1)
+    end = torch.where(k_valid, at + 1, 0).amax(1).view(bsz, 1, 1)
+    return start, end
 
 
 def _cuts_by_work(pos: torch.Tensor, b: int, parts: int, min_len: int) -> list[int]:
@@ -175,7 +213,7 @@ def _cuts_by_work(pos: torch.Tensor, b: int, parts: int, min_len: int) -> list[i
     return sorted({0, length, *cuts})
 
 
-def pooled_block_mass_cpu(
+def pooled_block_mass_cpu(  # many parameters: the block_mass op's (kernels/backends.py)
     qs: torch.Tensor,
     q_valid: torch.Tensor,
     pos: torch.Tensor,

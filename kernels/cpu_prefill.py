@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .cpu_common import NEG_INF, attend, block_view, token_rows
+from .lists import BlockLists
 from .parts import run_in_parts, workers
 
 _RUN_SLACK = 4  # blocks a row may give up to share its sink run with its neighbours
@@ -39,12 +40,15 @@ _WINDOW_SLACK = 8  # and its window: measured on real layers, 8 beat 4 (see docs
 _MIN_TILES_PER_PART = 4  # query tiles per thread below which one call does it all
 
 
-_WHOLE_ROWS_MAX_KEYS = 4096  # up to here a row's blocks are one gathered call (see _prefill)
+_WHOLE_ROWS_MAX_KEYS = (
+    4096  # up to here a row's blocks are one gathered call (see _TilePass.whole_rows)
+)
 
 
 @dataclass
-class _Plan:
-    """Cleaned index lists split into interior (unmasked) and edge (masked) blocks, per row."""
+class _RowBlocks:
+    """Each row's visible key blocks (cleaned of invisible, out-of-range and duplicate ids), split
+    into interior blocks (no mask needed) and edge blocks (masked)."""
 
     interior: torch.Tensor  # [R, K] long, sorted, valid up to interior_count
     interior_count: torch.Tensor  # [R]
@@ -59,7 +63,7 @@ def _compact(idx: torch.Tensor, keep: torch.Tensor, fill: int) -> tuple[torch.Te
     return ids, keep.sum(-1)
 
 
-def _plan(
+def _row_blocks(
     block_index: torch.Tensor,
     block_count: torch.Tensor,
     b: int,
@@ -68,7 +72,7 @@ def _plan(
     causal: bool,
     seq_start: torch.Tensor | None,
     tile: int,
-) -> _Plan:
+) -> _RowBlocks:
     """Drop invisible, out-of-range and duplicate blocks; split the rest into interior and edge.
 
     Row i is the query tile [i * tile, (i + 1) * tile) (tile: a multiple of the key block b)."""
@@ -115,7 +119,7 @@ def _plan(
         plain = (edge_count == n_diag) & (first == diag) & (last[..., 0] == diag + n_diag - 1)
         plain &= first * b >= ss[..., 0]
     r = bsz * g * nq
-    return _Plan(
+    return _RowBlocks(
         int_ids.reshape(r, -1),
         int_count.reshape(r),
         edge_ids.reshape(r, -1),
@@ -295,13 +299,9 @@ def _in_parts(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    block_index: torch.Tensor,
-    block_count: torch.Tensor,
-    b: int,
-    qt: int,
+    lists: BlockLists,
     causal: bool,
     scale: float,
-    seq_start: torch.Tensor | None,
     parts: list[int],
 ) -> torch.Tensor:
     """The query tiles in consecutive parts (kernels/parts.py: one thread each), each writing
@@ -314,201 +314,261 @@ def _in_parts(
     """
     lq, lk = q.shape[2], k.shape[2]
     off = lk - lq
+    qt = lists.rows_per_list
     out = q.new_empty(q.shape)  # contiguous, as torch.cat gave
 
     def part(i0: int, i1: int) -> None:
         q0, q1 = i0 * qt, min(i1 * qt, lq)
         kend = min(off + q1, lk) if causal else lk
+        sub = lists.rows(i0, i1)
         out[:, :, q0:q1] = _prefill(
-            q[:, :, q0:q1], k[:, :, :kend], v[:, :, :kend],
-            block_index[:, :, i0:i1], block_count[:, :, i0:i1],
-            b, qt, causal, scale, seq_start,
-        )  # fmt: skip
+            q[:, :, q0:q1], k[:, :, :kend], v[:, :, :kend], sub, causal, scale
+        )
 
     run_in_parts(part, parts)
     return out
 
 
-def _prefill(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    block_index: torch.Tensor,
-    block_count: torch.Tensor,
-    b: int,
-    qt: int,
-    causal: bool,
-    scale: float,
-    seq_start: torch.Tensor | None,
-) -> torch.Tensor:
-    """block_sparse_attention_cpu for one set of query tiles (any length: prefill or a chunk)."""
-    bsz, h, lq, d = q.shape
-    hkv, lk = k.shape[1], k.shape[2]
-    g = block_index.shape[1]
-    if hkv % g and g % hkv:  # groups straddle KV heads: give every query head its own list
-        block_index = block_index.repeat_interleave(h // g, dim=1)
-        block_count = block_count.repeat_interleave(h // g, dim=1)
-        g = h
-    hq, hk = h // g, max(hkv // g, 1)
-    nq = -(-lq // qt)
-    tq = qt if nq > 1 else lq  # query tile rows: no padding waste in decode (Lq = 1)
-    off = lk - lq
-    r_tile = qt // b  # key blocks per query tile
+class _TilePass:
+    """One pass over a set of query tiles: the layout its pieces share (queries as rows of whole
+    tiles, K/V as token rows, where each row's query and KV heads lie) and the pieces, one method
+    each, merged into one accumulator. A row is one (batch, group, query tile)."""
 
-    plan = _plan(block_index.cpu(), block_count.cpu(), b, lq, lk, causal, seq_start, qt)
-    runs = _runs(plan.interior, plan.interior_count, g, nq, r_tile)
-    dt = q.dtype
-    if nq * tq != lq or not q.is_contiguous():  # one copy: padded to whole tiles, contiguous
-        qp = q.new_empty(bsz, h, nq * tq, d)
-        qp[:, :, :lq] = q
-        qp[:, :, lq:] = 0
-        q = qp
-    k, v = k.to(dt), v.to(dt)
-    rows_kv = token_rows(k, v) or token_rows(
-        k.clone(memory_format=torch.contiguous_format),
-        v.clone(memory_format=torch.contiguous_format),
-    )
-    k_tok, v_tok, seq_rows, head_rows_kv = rows_kv
-    # [rows, tq * d]: a 2-d index_select copies whole rows with memcpy, ~4x faster than on a
-    # [rows, tq, d] view (a small part of a layer: within noise on whole layers)
-    q_rows = q.view(bsz * h * nq, tq * d)
+    def __init__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        lists: BlockLists,
+        causal: bool,
+        scale: float,
+    ) -> None:
+        bsz, h, lq, d = q.shape
+        hkv, lk = k.shape[1], k.shape[2]
+        b, qt = lists.block_size, lists.rows_per_list
+        block_index, block_count = lists.index, lists.count
+        g = block_index.shape[1]
+        if hkv % g and g % hkv:  # groups straddle KV heads: give every query head its own list
+            block_index = block_index.repeat_interleave(h // g, dim=1)
+            block_count = block_count.repeat_interleave(h // g, dim=1)
+            g = h
+        hq, hk = h // g, max(hkv // g, 1)
+        nq = -(-lq // qt)
+        tq = qt if nq > 1 else lq  # query tile rows: no padding waste in decode (Lq = 1)
+        self.b, self.qt, self.causal, self.scale, self.seq_start = (
+            b,
+            qt,
+            causal,
+            scale,
+            lists.seq_start,
+        )
+        self.bsz, self.h, self.lq, self.d, self.lk, self.off = bsz, h, lq, d, lk, lk - lq
+        self.g, self.hq, self.hk, self.nq, self.tq = g, hq, hk, nq, tq
+        self.r_tile = qt // b  # key blocks per query tile
+        self.blocks = _row_blocks(
+            block_index.cpu(), block_count.cpu(), b, lq, lk, causal, lists.seq_start, qt
+        )
+        self.runs = _runs(self.blocks.interior, self.blocks.interior_count, g, nq, self.r_tile)
+        self.dt = dt = q.dtype
+        if nq * tq != lq or not q.is_contiguous():  # one copy: padded to whole tiles, contiguous
+            qp = q.new_empty(bsz, h, nq * tq, d)
+            qp[:, :, :lq] = q
+            qp[:, :, lq:] = 0
+            q = qp
+        self.q = q
+        k, v = k.to(dt), v.to(dt)
+        rows_kv = token_rows(k, v) or token_rows(
+            k.clone(memory_format=torch.contiguous_format),
+            v.clone(memory_format=torch.contiguous_format),
+        )
+        self.k_tok, self.v_tok, seq_rows, self.head_rows_kv = rows_kv
+        # [rows, tq * d]: a 2-d index_select copies whole rows with memcpy, ~4x faster than on a
+        # [rows, tq, d] view (a small part of a layer: within noise on whole layers)
+        self.q_rows = q.view(bsz * h * nq, tq * d)
+        self.r_all = r_all = bsz * g * nq
+        r = torch.arange(r_all)
+        self.r_b, self.r_g, self.r_i = r_b, r_g, r_i = r // (g * nq), (r // nq) % g, r % nq
+        self.head_rows = (
+            (r_b * h + r_g * hq).unsqueeze(1) + torch.arange(hq)
+        ) * nq + r_i.unsqueeze(1)
+        self.kv_tok = (
+            r_b * seq_rows + (r_g * hkv // g) * self.head_rows_kv
+        )  # [R] first KV head's token 0
+        self.kv_head = self.kv_tok.unsqueeze(1) + torch.arange(hk) * self.head_rows_kv  # [R, hk]
+        self.acc = _Accumulator(bsz, g, hq, nq, tq, d)
+        self.k_rows, self.v_rows = block_view(self.k_tok, b), block_view(self.v_tok, b)
 
-    r_all = bsz * g * nq
-    r = torch.arange(r_all)
-    r_b, r_g, r_i = r // (g * nq), (r // nq) % g, r % nq
-    head_rows = ((r_b * h + r_g * hq).unsqueeze(1) + torch.arange(hq)) * nq + r_i.unsqueeze(1)
-    kv_tok = r_b * seq_rows + (r_g * hkv // g) * head_rows_kv  # [R] row's first KV head's token 0
-    kv_head = kv_tok.unsqueeze(1) + torch.arange(hk) * head_rows_kv  # [R, hk] each KV head's
-    acc = _Accumulator(bsz, g, hq, nq, tq, d)
+    def attend_rows(self, rows: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, **kw) -> None:
+        """The rows' query tiles over kg, vg [n, hk, keys, d], merged into the output."""
+        hr = self.head_rows[rows].reshape(-1)
+        qg = self.q_rows.index_select(0, hr).view(rows.numel(), self.hq, self.tq, self.d)
+        o, lse = attend(qg, kg, vg, self.scale, **kw)
+        self.acc.add(rows, o, lse)
 
-    def attend_rows(rows: torch.Tensor, kg: torch.Tensor, vg: torch.Tensor, **kw) -> None:
-        hr = head_rows[rows].reshape(-1)
-        qg = q_rows.index_select(0, hr).view(rows.numel(), hq, tq, d)
-        o, lse = attend(qg, kg, vg, scale, **kw)
-        acc.add(rows, o, lse)
-
-    def view(x: torch.Tensor, n: int, row_stride: int, tok: int, length: int) -> torch.Tensor:
+    def view(self, x: torch.Tensor, n: int, row_stride: int, tok: int, length: int) -> torch.Tensor:
         """[n, hk, length, d] strided view of token rows x [R, d] from row `tok` (no copy)."""
-        off = x.storage_offset() + tok * d
-        return x.as_strided((n, hk, length, d), (row_stride * d, head_rows_kv * d, d, 1), off)
+        d = self.d
+        start = x.storage_offset() + tok * d
+        return x.as_strided(
+            (n, self.hk, length, d), (row_stride * d, self.head_rows_kv * d, d, 1), start
+        )
 
-    k_rows, v_rows = block_view(k_tok, b), block_view(v_tok, b)
-
-    def gathered(ids: torch.Tensor, counts: torch.Tensor, diagonal: bool = False) -> None:
+    def gathered(self, ids: torch.Tensor, counts: torch.Tensor, diagonal: bool = False) -> None:
         """Rows attend to their blocks ids[row, :count] gathered (memcpy rows), one call per
         count; diagonal: the last block is the row's aligned diagonal, under one shared mask."""
+        b, hk, d = self.b, self.hk, self.d
         order = torch.argsort(counts, stable=True)
         sizes = torch.bincount(counts, minlength=1).tolist()
         for c, rows in zip(range(len(sizes)), torch.split(order, sizes), strict=True):
             if c == 0 or rows.numel() == 0:
                 continue
             n = rows.numel()
-            pos = kv_head[rows].unsqueeze(-1) + ids[rows, :c].unsqueeze(1) * b  # [n, hk, c]
-            kg = k_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
-            vg = v_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
-            attend_rows(rows, kg, vg, tail=diagonal)
+            pos = self.kv_head[rows].unsqueeze(-1) + ids[rows, :c].unsqueeze(1) * b  # [n, hk, c]
+            kg = self.k_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
+            vg = self.v_rows.index_select(0, pos.reshape(-1)).view(n, hk, c * b, d)
+            self.attend_rows(rows, kg, vg, tail=diagonal)
 
-    # Short contexts: a row's listed blocks and its tile's diagonal blocks in one gathered call,
-    # no merges. Faster up to ~4k keys; beyond, the gathers grow faster than the merges they
-    # save (docs/notes/speed-log.md). Rows whose diagonal blocks are not all listed, whole and aligned (a
-    # partial last tile, padding) take the pieces below.
-    whole = torch.zeros(r_all, dtype=torch.bool)
-    if causal and lk <= _WHOLE_ROWS_MAX_KEYS and plan.edge.shape[1] >= r_tile:
-        whole = plan.plain & (off + (r_i + 1) * qt <= lk)  # a whole tile: r_tile whole blocks
-        diag = plan.edge[:, :r_tile]
-        at = plan.interior_count[:, None] + torch.arange(r_tile)
-        ids = torch.cat([plan.interior, diag], 1).scatter_(1, at, diag)
-        gathered(ids, (plan.interior_count + r_tile) * whole, diagonal=True)
+    def whole_rows(self) -> torch.Tensor:
+        """Short contexts: a row's listed blocks and its tile's diagonal blocks in one gathered
+        call, no merges. Faster up to ~4k keys; beyond, the gathers grow faster than the merges
+        they save (docs/notes/speed-log.md). Rows whose diagonal blocks are not all listed, whole
+        and aligned (a partial last tile, padding) take the other pieces. Returns [R] bool: the
+        rows done here."""
+        blocks, r_tile = self.blocks, self.r_tile
+        whole = torch.zeros(self.r_all, dtype=torch.bool)
+        if self.causal and self.lk <= _WHOLE_ROWS_MAX_KEYS and blocks.edge.shape[1] >= r_tile:
+            # a whole tile: r_tile whole blocks
+            whole = blocks.plain & (self.off + (self.r_i + 1) * self.qt <= self.lk)
+            diag = blocks.edge[:, :r_tile]
+            at = blocks.interior_count[:, None] + torch.arange(r_tile)
+            ids = torch.cat([blocks.interior, diag], 1).scatter_(1, at, diag)
+            self.gathered(ids, (blocks.interior_count + r_tile) * whole, diagonal=True)
+        return whole
 
-    # Scattered middle blocks: gathered, one call per block count. First, so that their
-    # scattered rows are written once (index_copy_) rather than read, merged and written back;
-    # the later pieces are consecutive rows that merge in place through strided views.
-    gathered(runs.middle, runs.middle_count.masked_fill(whole, 0))
+    def middle(self, whole: torch.Tensor) -> None:
+        """Scattered middle blocks: gathered, one call per block count. First of the pieces, so
+        that their scattered rows are written once (index_copy_) rather than read, merged and
+        written back; the later pieces are consecutive rows that merge in place through strided
+        views."""
+        self.gathered(self.runs.middle, self.runs.middle_count.masked_fill(whole, 0))
 
-    # Windows: consecutive rows with the same run length and the same offset to their row slide
-    # along the keys one tile per row: one strided view (row stride = one tile). When the run
-    # ends at an aligned diagonal, the diagonal joins the view under one broadcast triangle mask.
-    has = (runs.suffix > 0) & ~whole
-    start_blk = runs.suffix_end - runs.suffix
-    fused = has & plan.plain & (runs.suffix_end * b == off + r_i * qt)
-    fused &= (runs.suffix_end + r_tile) * b <= lk  # the view may not run past the keys
-    wkey = torch.stack([r_b * g + r_g, runs.suffix, start_blk - r_i * r_tile, fused.long()], 1)
-    wkey = wkey[has]
-    rows_has = torch.nonzero(has).squeeze(1)
-    if rows_has.numel():
-        _, inv = torch.unique(wkey, dim=0, return_inverse=True)
-        for u in torch.unique(inv).tolist():
-            for rows in _consecutive(rows_has[inv == u]):
-                n, blocks = rows.numel(), int(runs.suffix[rows[0]])
-                tok = int(kv_tok[rows[0]]) + int(start_blk[rows[0]]) * b
-                tail = bool(fused[rows[0]])
-                if tail:
-                    blocks += r_tile
-                kg = view(k_tok, n, qt, tok, blocks * b)
-                attend_rows(rows, kg, view(v_tok, n, qt, tok, blocks * b), tail=tail)
+    def windows(self, whole: torch.Tensor) -> torch.Tensor:
+        """Windows: consecutive rows with the same run length and the same offset to their row
+        slide along the keys one tile per row: one strided view (row stride = one tile). When the
+        run ends at an aligned diagonal, the diagonal joins the view under one broadcast triangle
+        mask. Returns [R] bool: the rows whose diagonal was fused so."""
+        runs, b, qt, r_tile, r_i = self.runs, self.b, self.qt, self.r_tile, self.r_i
+        has = (runs.suffix > 0) & ~whole
+        start_blk = runs.suffix_end - runs.suffix
+        fused = has & self.blocks.plain & (runs.suffix_end * b == self.off + r_i * qt)
+        fused &= (runs.suffix_end + r_tile) * b <= self.lk  # the view may not run past the keys
+        wkey = torch.stack(
+            [self.r_b * self.g + self.r_g, runs.suffix, start_blk - r_i * r_tile, fused.long()], 1
+        )
+        wkey = wkey[has]
+        rows_has = torch.nonzero(has).squeeze(1)
+        if rows_has.numel():
+            _, inv = torch.unique(wkey, dim=0, return_inverse=True)
+            for u in torch.unique(inv).tolist():
+                for rows in _consecutive(rows_has[inv == u]):
+                    n, n_blocks = rows.numel(), int(runs.suffix[rows[0]])
+                    tok = int(self.kv_tok[rows[0]]) + int(start_blk[rows[0]]) * b
+                    tail = bool(fused[rows[0]])
+                    if tail:
+                        n_blocks += r_tile
+                    kg = self.view(self.k_tok, n, qt, tok, n_blocks * b)
+                    vg = self.view(self.v_tok, n, qt, tok, n_blocks * b)
+                    self.attend_rows(rows, kg, vg, tail=tail)
+        return fused
 
-    # Edge: blocks that need a mask and were not fused above, all rows in one call.
-    rows = torch.nonzero((plan.edge_count > 0) & ~fused & ~whole).squeeze(1)
-    if rows.numel():
-        n, e = rows.numel(), plan.edge.shape[1]
-        ids = plan.edge[rows]  # [n, e]
+    def edges(self, fused: torch.Tensor, whole: torch.Tensor) -> None:
+        """Edge: blocks that need a mask and were not fused into a window, all rows in one call."""
+        blocks, b, lk, hk, d = self.blocks, self.b, self.lk, self.hk, self.d
+        rows = torch.nonzero((blocks.edge_count > 0) & ~fused & ~whole).squeeze(1)
+        if not rows.numel():
+            return
+        n, e = rows.numel(), blocks.edge.shape[1]
+        ids = blocks.edge[rows]  # [n, e]
         kpos = (ids.unsqueeze(-1) * b + torch.arange(b)).reshape(n, e * b)
-        dead = torch.arange(e).unsqueeze(0) >= plan.edge_count[rows].unsqueeze(1)
+        dead = torch.arange(e).unsqueeze(0) >= blocks.edge_count[rows].unsqueeze(1)
         kpos = kpos.masked_fill(dead.repeat_interleave(b, dim=1), lk)  # never visible
-        src = kv_head[rows].unsqueeze(-1) + kpos.clamp(max=lk - 1).unsqueeze(1)  # [n,hk,e*b]
-        kg = k_tok.index_select(0, src.reshape(-1)).view(n, hk, e * b, d)
-        vg = v_tok.index_select(0, src.reshape(-1)).view(n, hk, e * b, d)
-        if bool(plan.plain[rows].all()):
-            attend_rows(rows, kg, vg, causal=True)
-        else:
-            qpos = off + r_i[rows].unsqueeze(1) * qt + torch.arange(tq)  # [n, tq]
-            see = kpos.unsqueeze(1) < lk
-            if causal:
-                see = see & (kpos.unsqueeze(1) <= qpos.unsqueeze(2))
-            if seq_start is not None:
-                ss = seq_start.long().cpu()[r_b[rows]].view(n, 1, 1)
-                see = see & (kpos.unsqueeze(1) >= ss)
-            mask = torch.zeros(n, 1, tq, e * b, dtype=dt).masked_fill_(~see.unsqueeze(1), NEG_INF)
-            hr = head_rows[rows].reshape(-1)
-            qg = q_rows.index_select(0, hr).view(n, hq, tq, d)
-            o, lse = attend(qg, kg, vg, scale, mask=mask)
-            lse = lse.masked_fill(~see.any(-1).unsqueeze(1), NEG_INF)  # the kernel says 0 there
-            acc.add(rows, o, lse)
+        src = self.kv_head[rows].unsqueeze(-1) + kpos.clamp(max=lk - 1).unsqueeze(1)  # [n,hk,e*b]
+        kg = self.k_tok.index_select(0, src.reshape(-1)).view(n, hk, e * b, d)
+        vg = self.v_tok.index_select(0, src.reshape(-1)).view(n, hk, e * b, d)
+        if bool(blocks.plain[rows].all()):
+            self.attend_rows(rows, kg, vg, causal=True)
+            return
+        tq = self.tq
+        qpos = self.off + self.r_i[rows].unsqueeze(1) * self.qt + torch.arange(tq)  # [n, tq]
+        see = kpos.unsqueeze(1) < lk
+        if self.causal:
+            see = see & (kpos.unsqueeze(1) <= qpos.unsqueeze(2))
+        if self.seq_start is not None:
+            ss = self.seq_start.long().cpu()[self.r_b[rows]].view(n, 1, 1)
+            see = see & (kpos.unsqueeze(1) >= ss)
+        mask = torch.zeros(n, 1, tq, e * b, dtype=self.dt).masked_fill_(~see.unsqueeze(1), NEG_INF)
+        hr = self.head_rows[rows].reshape(-1)
+        qg = self.q_rows.index_select(0, hr).view(n, self.hq, tq, d)
+        o, lse = attend(qg, kg, vg, self.scale, mask=mask)
+        lse = lse.masked_fill(~see.any(-1).unsqueeze(1), NEG_INF)  # the kernel says 0 there
+        self.acc.add(rows, o, lse)
 
-    # Sinks: consecutive rows of one (batch, group) with the same leading run 0..P-1 see the very
-    # same keys, so their queries fold into one long query (bigger, faster tiles in the kernel).
-    key = (r_b * g + r_g) * (runs.prefix.max() + 1) + runs.prefix
-    key = key.masked_fill(whole, -1)
-    q_seq = q.view(bsz * g, hq, nq * tq, d)
-    for kv in torch.unique(key[(runs.prefix > 0) & ~whole]).tolist():
-        for rows in _consecutive(torch.nonzero(key == kv).squeeze(1)):
-            n, length, tok = rows.numel(), int(runs.prefix[rows[0]]) * b, int(kv_tok[rows[0]])
-            bg, i0 = divmod(int(rows[0]), nq)
-            qg = q_seq[bg, :, i0 * tq : (i0 + n) * tq].unsqueeze(0)
-            kg, vg = view(k_tok, 1, 0, tok, length), view(v_tok, 1, 0, tok, length)
-            o, lse = attend(qg, kg, vg, scale)
-            o = o.view(hq, n, tq, d).transpose(0, 1)
-            acc.add(rows, o, lse.view(hq, n, tq).transpose(0, 1))
+    def sinks(self, whole: torch.Tensor) -> None:
+        """Sinks: consecutive rows of one (batch, group) with the same leading run 0..P-1 see
+        the very same keys, so their queries fold into one long query (bigger, faster tiles in
+        the kernel)."""
+        runs, nq, tq, hq, d = self.runs, self.nq, self.tq, self.hq, self.d
+        key = (self.r_b * self.g + self.r_g) * (runs.prefix.max() + 1) + runs.prefix
+        key = key.masked_fill(whole, -1)
+        q_seq = self.q.view(self.bsz * self.g, hq, nq * tq, d)
+        for kv in torch.unique(key[(runs.prefix > 0) & ~whole]).tolist():
+            for rows in _consecutive(torch.nonzero(key == kv).squeeze(1)):
+                n, length = rows.numel(), int(runs.prefix[rows[0]]) * self.b
+                tok = int(self.kv_tok[rows[0]])
+                bg, i0 = divmod(int(rows[0]), nq)
+                qg = q_seq[bg, :, i0 * tq : (i0 + n) * tq].unsqueeze(0)
+                kg = self.view(self.k_tok, 1, 0, tok, length)
+                vg = self.view(self.v_tok, 1, 0, tok, length)
+                o, lse = attend(qg, kg, vg, self.scale)
+                o = o.view(hq, n, tq, d).transpose(0, 1)
+                self.acc.add(rows, o, lse.view(hq, n, tq).transpose(0, 1))
 
-    res = acc.result().view(bsz, h, nq * tq, d)[:, :, :lq]
-    return res.to(dt)
+    def result(self) -> torch.Tensor:
+        """[B, H, Lq, d] in the queries' dtype."""
+        res = self.acc.result().view(self.bsz, self.h, self.nq * self.tq, self.d)[:, :, : self.lq]
+        return res.to(self.dt)
+
+
+def _prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lists: BlockLists,
+    causal: bool,
+    scale: float,
+) -> torch.Tensor:
+    """block_sparse_attention_cpu for one set of query tiles (any length: prefill or a chunk):
+    its pieces in this order (the merge order of their partial results)."""
+    tiles = _TilePass(q, k, v, lists, causal, scale)
+    whole = tiles.whole_rows()
+    tiles.middle(whole)
+    fused = tiles.windows(whole)
+    tiles.edges(fused, whole)
+    tiles.sinks(whole)
+    return tiles.result()
 
 
 def prefill(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    block_index: torch.Tensor,
-    block_count: torch.Tensor,
-    b: int,
-    qt: int,
+    lists: BlockLists,
     causal: bool,
     scale: float,
-    seq_start: torch.Tensor | None,
 ) -> torch.Tensor:
     """The query tiles of a prefill (or a chunk): in equal-work parts, a thread each, where a
     split pays; in one pass otherwise."""
-    parts = _split_points(block_count, workers())
+    parts = _split_points(lists.count, workers())
     if len(parts) > 2:
-        return _in_parts(q, k, v, block_index, block_count, b, qt, causal, scale, seq_start, parts)
-    return _prefill(q, k, v, block_index, block_count, b, qt, causal, scale, seq_start)
+        return _in_parts(q, k, v, lists, causal, scale, parts)
+    return _prefill(q, k, v, lists, causal, scale)

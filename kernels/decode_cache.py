@@ -8,10 +8,10 @@ number of torch ops (each can wait for an OpenMP wake-up on a loaded machine) an
 copies. The stateless kernel (kernels/cpu.py `_decode`) gathers the listed blocks every step, a
 chunk at a time, and merges chunks by log-sum-exp: ~25 ops. When the session reuses a selection
 (engine/method/decode.py `reusable`), the listed blocks before the current one are immutable past
-tokens, so they are gathered once into a buffer with room for one more block; each step copies the
+tokens, so they are gathered once into a buffer with space for one more block; each step copies the
 current block's tokens (at most one block) behind them and runs one SDPA call: 3 ops. A selection
 kept across key blocks (`engine/method/select.py` `extend_selection`) takes the finished block into the
-buffer and moves on (`advance`), given room for more blocks.
+buffer and moves on (`advance`), given space for more blocks (`spare_blocks`).
 
 Applies to one sequence without left padding whose lists have one group or one per KV head
 (`supports`; per-group lists of different lengths get a small mask); everything else takes the
@@ -33,10 +33,10 @@ from .lists import BlockLists
 
 @dataclass
 class GatheredKV:
-    """Listed full blocks before block `cur`, gathered per KV head, plus room for block `cur`
+    """Listed full blocks before block `cur`, gathered per KV head, plus space for block `cur`
     (and for later blocks: `advance`)."""
 
-    k: torch.Tensor  # [1, Hkv, m + b * room, d], room >= 1
+    k: torch.Tensor  # [1, Hkv, m + b * spare_blocks, d], spare_blocks >= 1
     v: torch.Tensor
     m: int  # gathered tokens
     cur: int  # the current (partial) key block: its tokens are copied in each step
@@ -59,14 +59,14 @@ def gather(
     lk: int,
     source: object = None,
     heads: int | None = None,
-    room: int = 1,
+    spare_blocks: int = 1,
 ) -> GatheredKV:
     """Gather the listed blocks before the current block (lk - 1) // b, once per selection.
 
     block_index [1, G, 1, K], block_count [1, G, 1]: G is 1 or Hkv (see `supports`). Per-group
     lists may keep different numbers of blocks (a per-layer budget does that): the shorter ones
     are padded with masked slots, so then `heads` (query heads) is needed to build the mask.
-    room: blocks of space behind the gathered ones (the current block, and `advance`'s next).
+    spare_blocks: blocks of space behind the gathered ones (the current block, `advance`'s next).
     """
     b = block_size
     hkv, d = k.shape[1], k.shape[3]
@@ -81,7 +81,7 @@ def gather(
     n_full = max(x.numel() for x in lists)
     m = n_full * b
     kb, vb = full_blocks(k[0], cur, b), full_blocks(v[0], cur, b)
-    cap = m + b * max(room, 1)
+    cap = m + b * max(spare_blocks, 1)
     # empty, not zeros: every slot is written before it is read, except the padded slots of
     # shorter lists, zeroed below (masked, but 0 x NaN garbage would still be NaN)
     kbuf = torch.empty(1, hkv, cap, d, dtype=k.dtype, device=k.device)
@@ -113,7 +113,7 @@ def advance(
     """The gathered K/V of a selection that kept gkv's lists and added the block after gkv.cur
     (engine/method/select.py `extend_selection`): block gkv.cur, now full, joins the gathered tokens and
     the next block becomes the current one. In place, no regathering; None when the buffer has no
-    room for another block (then gather afresh)."""
+    space for another block (then gather afresh)."""
     b = gkv.block_size
     if gkv.m + 2 * b > gkv.k.shape[2]:
         return None
@@ -163,7 +163,7 @@ class Keeper:
         v: torch.Tensor,
         lists: BlockLists,
         extended_from: BlockLists | None,
-        room: int,
+        spare_blocks: int,
     ) -> GatheredKV | None:
         """The gathered K/V for these lists (advanced or gathered anew as needed); None where
         the stateless kernel should run (C reads the rows in place, or `supports` says no)."""
@@ -180,15 +180,17 @@ class Keeper:
         if g is None or g.source is not lists.index or g.cur != cur:
             try:
                 heads = q.shape[1]
-                g = gather(k, v, lists.index, lists.count, b, k.shape[2], lists.index, heads, room)
+                g = gather(
+                    k, v, lists.index, lists.count, b, k.shape[2], lists.index, heads, spare_blocks
+                )
             except ValueError:
                 return None
         return g
 
     def run(
-        self, plan: GatheredKV, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+        self, kept: GatheredKV, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> torch.Tensor:
-        return attend(plan, q, k, v, scale)
+        return attend(kept, q, k, v, scale)
 
 
 KEEPER = Keeper()

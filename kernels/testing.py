@@ -171,12 +171,12 @@ def poisoned(like: torch.Tensor) -> torch.Tensor:
     return torch.full_like(like, float("nan"))
 
 
-def with_room(x: torch.Tensor, room: int) -> torch.Tensor:
-    """x [B, H, L, D] as the filled part of a buffer with `room` more rows per head, NaN there,
+def with_spare_rows(x: torch.Tensor, spare: int) -> torch.Tensor:
+    """x [B, H, L, D] as the filled part of a buffer with `spare` more rows per head, NaN there,
     as a growing KV cache hands it over (engine/hf/cache.py): a kernel that reads past L, or that
     assumes the heads are L rows apart, gives NaN or wrong values."""
     bsz, h, length, d = x.shape
-    buf = torch.full((bsz, h, length + room, d), float("nan"), dtype=x.dtype)
+    buf = torch.full((bsz, h, length + spare, d), float("nan"), dtype=x.dtype)
     buf[:, :, :length] = x
     return buf[:, :, :length]
 

@@ -30,6 +30,7 @@ LOG2E = 1.4426950408889634
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+# many parameters: a Triton helper takes each pointer, stride and mask as a scalar
 @triton.jit
 def _masked_scores(q, k_base, kpos, skl, skr, dims, dmask, start, hi, rhi, row_ok, qk_scale,
                    IEEE_DOT: tl.constexpr):  # fmt: skip
@@ -47,7 +48,7 @@ def _masked_scores(q, k_base, kpos, skl, skr, dims, dmask, start, hi, rhi, row_o
 
 
 @triton.jit
-def pooled_block_mass_kernel(
+def pooled_block_mass_kernel(  # long, many parameters: one Triton kernel (its loop in registers); strides, constexprs as scalars
     q_ptr, k_ptr, out_ptr, pos_ptr, rowptr_ptr, qv_ptr, start_ptr, end_ptr,
     sqb, sqh, sqs, sqr, skb, skh, skl, skr, sob, soh, sor, son, svb, svs,
     HKV, G, R, N, RDIM, qk_scale,
@@ -229,7 +230,7 @@ def dense_attention_work(length: int, heads: int, head_dim: int, batch: int = 1)
     return {"macs": 2 * head_dim * pairs, "exps": pairs}
 
 
-def pooled_block_mass_triton(
+def pooled_block_mass_triton(  # many parameters: the block_mass op's, plus tile overrides
     qs: torch.Tensor,
     q_valid: torch.Tensor,
     pos: torch.Tensor,

@@ -92,7 +92,7 @@ def _step_keys(
 
 
 @triton.jit
-def _attend_run(
+def _attend_run(  # many parameters: a Triton helper takes each stride and constexpr as a scalar
     q,
     m_i,
     l_i,
@@ -162,7 +162,7 @@ def _attend_run(
 
 
 @triton.jit
-def attend_list(
+def attend_list(  # many parameters: a Triton helper takes each stride and constexpr as a scalar
     q,
     m_i,
     l_i,

@@ -19,7 +19,7 @@ from .triton_common import attend_list
 
 
 @triton.jit
-def block_sparse_decode_split_kernel(
+def block_sparse_decode_split_kernel(  # long, many parameters: one Triton kernel (its loop in registers); strides, constexprs as scalars
     Q,
     K,
     V,
@@ -110,7 +110,7 @@ def block_sparse_decode_split_kernel(
 
 
 @triton.jit
-def block_sparse_decode_combine_kernel(
+def block_sparse_decode_combine_kernel(  # many parameters: Triton kernels take each stride and constexpr as a scalar
     OP,
     LP,
     Out,

@@ -85,7 +85,7 @@ def _autotuned(key: tuple, candidates: list[PrefillConfig], launch) -> PrefillCo
     return _TUNED[key]
 
 
-def block_sparse_prefill(
+def block_sparse_prefill(  # many parameters: the launcher takes the lists' tensors one by one
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -146,7 +146,7 @@ def _num_splits(programs: int, kmax: int, device: torch.device) -> int:
     return max(1, min(kmax, -(-2 * sms // max(programs, 1)), 64))
 
 
-def block_sparse_decode(
+def block_sparse_decode(  # many parameters: the launcher takes the lists' tensors one by one
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,

@@ -21,7 +21,7 @@ from .triton_common import attend_list
 
 
 @triton.jit
-def block_sparse_prefill_kernel(
+def block_sparse_prefill_kernel(  # long, many parameters: one Triton kernel (its loop in registers); strides, constexprs as scalars
     Q,
     K,
     V,

@@ -437,9 +437,9 @@ class Session:
         b = self.cfg.block_size
         lists = sel.lists(b).starting_at(seq_start)
         prev = None if st.extended_from is None else st.extended_from.lists(b)
-        room = 2 + -(-self.cfg.decode_reselect // b)  # blocks it may cross
+        spare_blocks = 2 + -(-self.cfg.decode_reselect // b)  # blocks it may cross
         q, k, v = call.q, call.k, call.v
-        st.gathered = keeper.plan(st.gathered, q, k, v, lists, prev, room)
+        st.gathered = keeper.plan(st.gathered, q, k, v, lists, prev, spare_blocks)
         return None if st.gathered is None else keeper.run(st.gathered, q, k, v, call.scale)
 
     def _dense(self, call: LayerCall) -> tuple[torch.Tensor, Duration]:

@@ -71,7 +71,7 @@ class DecodeLayerState:
     est_keys: torch.Tensor | None = None  # [B, Hkv, cap, f] token estimator's key side
     est_valid: int = 0
     window_buf: torch.Tensor | None = None  # [B, H, 2w, r]: `window` is a view of its live part
-    room: dict[str, torch.Tensor] = field(default_factory=dict)  # A_l and sums, see _grow
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)  # of A_l and sums, see _grow
     window_end: int = 0
     window_block: list[int] = field(default_factory=list)  # per slot: its query's own block
     # token estimator: the window's logits against every key block, per slot (window_logits)
@@ -126,14 +126,14 @@ def _grow(
     st: DecodeLayerState, name: str, x: torch.Tensor, dims: tuple[int, ...], n: int
 ) -> torch.Tensor:
     """x with `dims` grown to n (new entries zero), as a view of a zero buffer with room to spare
-    (kept in st.room): a key block forms every b tokens, and copying A_l [n, n] each time cost
+    (kept in st.buffers): a key block forms every b tokens, and copying A_l [n, n] each time cost
     ~1 ms a layer at 7k tokens. A buffer is reused only while x is still its leading view."""
-    buf = st.room.get(name)
+    buf = st.buffers.get(name)
     if buf is None or buf.shape[dims[0]] < n or buf.data_ptr() != x.data_ptr():
         cap = n + max(64, n // 4)
         buf = x.new_zeros([cap if d in dims else s for d, s in enumerate(x.shape)])
         buf[tuple(slice(0, s) for s in x.shape)] = x
-        st.room[name] = buf
+        st.buffers[name] = buf
     return buf[tuple(slice(0, n) if d in dims else slice(None) for d in range(x.dim()))]
 
 
@@ -151,7 +151,7 @@ def _grow_state(st: DecodeLayerState, n: int) -> None:
         )
 
 
-def chunk_step(
+def chunk_step(  # ten parameters: the layer's chunk inputs, each passed by the session's chunk path
     st: DecodeLayerState,
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -173,42 +173,13 @@ def chunk_step(
     caller aligns the queries to that block (see Session._chunk). step: what the forward step's
     layers share (engine/method/step.py).
     """
-    bsz, h, lq, d = q.shape
     b = cfg.block_size
-    t0 = lk - lq
     n = -(-lk // b)
-    j0 = t0 // b
-    rows = torch.arange(j0, n, device=q.device)
+    rows = torch.arange((lk - q.shape[2]) // b, n, device=q.device)
     timer = StageTimer(q.device)
-    new_valid = key_valid[:, t0:]
 
     def update() -> tuple[torch.Tensor, torch.Tensor]:
-        refresh_rows(st, d, cfg, st.a.shape[-2] - 1)  # rows left stale by reused decode steps
-        st.selection = None  # the next decode step selects afresh
-        _grow_state(st, n)
-        sk = st.sketched
-        qs = srht(q)  # sketch then pool: the sketch is linear
-        q_sum, q_count = block_pool(qs, b, new_valid, offset=t0 % b)  # blocks j0 .. n-1
-        ks = srht(k_new)
-        k_sum, k_count = block_pool(ks, b, new_valid, offset=t0 % b)
-        st.est_valid = min(st.est_valid, j0)  # these blocks' sums change
-        sk.q_sum[:, :, j0:] += q_sum
-        sk.k_sum[:, :, j0:] += k_sum
-        sk.q_count[:, j0:] += q_count
-        sk.k_count[:, j0:] += k_count
-        if sk.k_sq is not None:
-            sk.k_sq[:, :, j0:] += block_pool(ks * ks, b, new_valid, offset=t0 % b)[0]
-        # the token estimator also needs the queries of the chunk's first block that came
-        # before it: the decode window holds them when it is at least a block long
-        token = cfg.estimator_spec.keeps_tokens
-        pre = t0 % b if token and t0 % b <= st.window.shape[2] else 0
-        q_tok = torch.cat([st.window[:, :, st.window.shape[2] - pre :], qs], dim=2)
-        v_tok = torch.cat([key_valid[:, t0 - pre : t0], new_valid], dim=1)
-        a_rows = transition(sk, rows, d, cfg, QueryTokens.sampled(q_tok, v_tok, t0 - pre, cfg))
-        st.a[:, :, rows] = a_rows
-        st.window = torch.cat([st.window, qs], dim=2)[:, :, -cfg.query_window :]
-        st.window_buf = None  # the next decode token starts a new buffer from this window
-        return a_rows, q_count > 0  # rows holding the chunk's real queries
+        return _absorb_chunk(st, q, k_new, lk, rows, cfg, srht, key_valid)
 
     a_rows, real_rows = timer.run("sketch", update)
     if not select:
@@ -224,6 +195,52 @@ def chunk_step(
 
     sel = timer.run("select", choose)
     return LayerPlan(a_rows, w_rows, sel, None, timer.ms)
+
+
+def _absorb_chunk(
+    st: DecodeLayerState,
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    lk: int,
+    rows: torch.Tensor,
+    cfg: SketchWalkConfig,
+    srht: SRHT,
+    key_valid: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk's tokens into st's block sums and query window, and A_l's rows from the chunk's
+    first block on (rows) recomputed; returns those rows and which of them hold the chunk's real
+    queries."""
+    d = q.shape[-1]
+    b = cfg.block_size
+    t0 = lk - q.shape[2]
+    j0 = t0 // b
+    new_valid = key_valid[:, t0:]
+    refresh_rows(st, d, cfg, st.a.shape[-2] - 1)  # rows left stale by reused decode steps
+    st.selection = None  # the next decode step selects afresh
+    _grow_state(st, -(-lk // b))
+    sk = st.sketched
+    qs = srht(q)  # sketch then pool: the sketch is linear
+    q_sum, q_count = block_pool(qs, b, new_valid, offset=t0 % b)  # blocks j0 .. n-1
+    ks = srht(k_new)
+    k_sum, k_count = block_pool(ks, b, new_valid, offset=t0 % b)
+    st.est_valid = min(st.est_valid, j0)  # these blocks' sums change
+    sk.q_sum[:, :, j0:] += q_sum
+    sk.k_sum[:, :, j0:] += k_sum
+    sk.q_count[:, j0:] += q_count
+    sk.k_count[:, j0:] += k_count
+    if sk.k_sq is not None:
+        sk.k_sq[:, :, j0:] += block_pool(ks * ks, b, new_valid, offset=t0 % b)[0]
+    # the token estimator also needs the queries of the chunk's first block that came
+    # before it: the decode window holds them when it is at least a block long
+    token = cfg.estimator_spec.keeps_tokens
+    pre = t0 % b if token and t0 % b <= st.window.shape[2] else 0
+    q_tok = torch.cat([st.window[:, :, st.window.shape[2] - pre :], qs], dim=2)
+    v_tok = torch.cat([key_valid[:, t0 - pre : t0], new_valid], dim=1)
+    a_rows = transition(sk, rows, d, cfg, QueryTokens.sampled(q_tok, v_tok, t0 - pre, cfg))
+    st.a[:, :, rows] = a_rows
+    st.window = torch.cat([st.window, qs], dim=2)[:, :, -cfg.query_window :]
+    st.window_buf = None  # the next decode token starts a new buffer from this window
+    return a_rows, q_count > 0  # rows holding the chunk's real queries
 
 
 def decode_absorb(
@@ -291,7 +308,7 @@ def refresh_rows(
     st.stale_from = None
 
 
-def decode_step(
+def decode_step(  # many parameters: a decode layer's inputs, the optional ones defaulted
     st: DecodeLayerState,
     q: torch.Tensor,
     k_new: torch.Tensor,

@@ -203,11 +203,11 @@ def allocate(
 ) -> dict[int, tuple[tuple[float, ...], ...]]:
     """Densities per layer, group and target from every sparse layer's offers (tile_offers of
     its exact block mass, batch element 0): the items of all layers and groups ranked together
-    by value and bought while the whole model's room (target x candidates - forced, summed over
+    by value and bought while the whole model's budget (target x candidates - forced, summed over
     layers and groups) lasts; a group's share is its forced and bought pairs over its candidates
     (the full spread: moved halfway back to the target, it did worse once groups had their own
     shares, docs/quality.md). Forced pairs are always in a share: where they alone exceed the
-    room, nothing else is bought."""
+    budget, nothing else is bought."""
     layers = sorted(offers)
     owners = [(li, g) for li in layers for g in range(offers[li].value.shape[1])]
     # ranked on the host, one copy each: a calibration on a GPU hands over device tensors, and

@@ -64,15 +64,15 @@ def sketch_blocks(
     srht: SRHT,
     block_size: int,
     valid: torch.Tensor,
-    tokens: SketchWalkConfig | None = None,
+    token_cfg: SketchWalkConfig | None = None,
     padded: bool = True,
 ) -> tuple[SketchedBlocks, QueryTokens | None]:
     """Pool q, k [B, H(kv), T, d] per block over real tokens, then sketch the sums (the sketch is
-    linear). tokens: for the token-query estimator, also keep the config's sampled sketched
-    queries and the sums of squared sketched keys. padded False: every token is real (the
+    linear). token_cfg: the config, where its estimator reads sketched query tokens (then
+    also keep its sampled sketched queries and the sums of squared sketched keys). padded False: every token is real (the
     pooling then skips its validity checks, each a device read)."""
     pool_valid = valid if padded else None
-    if tokens is None:
+    if token_cfg is None:
         q_sum, q_count = block_pool(q, block_size, pool_valid)
         k_sum, k_count = block_pool(k, block_size, pool_valid)
         return SketchedBlocks(srht(q_sum), q_count, srht(k_sum), k_count), None
@@ -81,9 +81,9 @@ def sketch_blocks(
     # at 2k tokens); keys: every one, for the sums of their squares (not linear)
     ks, k_sum, k_sq = srht.pooled(k, block_size, pool_valid)
     q_sum, count = block_pool(q, block_size, pool_valid)
-    qt = QueryTokens.sampled(q, valid, 0, tokens, srht)
+    qt = QueryTokens.sampled(q, valid, 0, token_cfg, srht)
     q_sum = srht(q_sum)
-    if tokens.estimator_spec.needs_keys:
+    if token_cfg.estimator_spec.needs_keys:
         qt.keys, qt.key_valid = ks, valid
     return SketchedBlocks(q_sum, count, k_sum, count.clone(), k_sq), qt  # counts grow apart
 
@@ -172,7 +172,7 @@ def sparse_attention(
     return block_sparse_attention(q, k, v, lists, True, scale, backend)
 
 
-def prefill_plan(
+def prefill_plan(  # many parameters: a prefill layer's inputs, the optional ones defaulted
     q: torch.Tensor,
     k: torch.Tensor,
     cfg: SketchWalkConfig,
@@ -204,9 +204,9 @@ def prefill_plan(
     scale = d**-0.5 if scale is None else scale
     timer = StageTimer(q.device)
     rows = torch.arange(n, device=q.device)
-    tokens = cfg if cfg.estimator_spec.keeps_tokens else None
+    token_cfg = cfg if cfg.estimator_spec.keeps_tokens else None
     sk, qt = timer.run(
-        "sketch", lambda: sketch_blocks(q, k, srht, b, valid, tokens, padded=step.padded)
+        "sketch", lambda: sketch_blocks(q, k, srht, b, valid, token_cfg, padded=step.padded)
     )
     a = timer.run("sketch", lambda: transition(sk, rows, d, cfg, qt))
     if not select:

@@ -179,7 +179,7 @@ def budget_masks(
     return cand, forced, tiles, rows
 
 
-def select_blocks(
+def select_blocks(  # many parameters: the selection rule's inputs, the optional ones defaulted
     scores: torch.Tensor,
     q_blocks: torch.Tensor,
     rule: ForcedRule,
@@ -271,15 +271,15 @@ def layer_budget_keep(
     free = cand & ~forced  # [B, nq, nk]
     dens = group_rates(density, groups, scores.device)
     target = torch.floor(dens * cand.sum((1, 2)).double()[:, None] + 1e-9).long()  # never over
-    room = (target - forced.sum((1, 2))[:, None]).clamp(min=0)  # [B, G]
-    room = torch.minimum(room, free.sum((1, 2))[:, None])
-    kmax = int(room.max().item()) if room.numel() else 0
+    to_pick = (target - forced.sum((1, 2))[:, None]).clamp(min=0)  # [B, G] blocks to add
+    to_pick = torch.minimum(to_pick, free.sum((1, 2))[:, None])
+    kmax = int(to_pick.max().item()) if to_pick.numel() else 0
     keep = torch.zeros(bsz, groups, nq * nk, dtype=torch.bool, device=scores.device)
     if kmax > 0:
         inf = torch.tensor(float("-inf"), device=scores.device)
         ranked = torch.where(free[:, None], scores.float(), inf).view(bsz, groups, nq * nk)
         top = ranked.topk(kmax, dim=-1, sorted=True).indices  # best first
-        live = torch.arange(kmax, device=scores.device)[None, None, :] < room[:, :, None]
+        live = torch.arange(kmax, device=scores.device)[None, None, :] < to_pick[:, :, None]
         keep.scatter_(-1, top, live)
     return keep.view(bsz, groups, nq, nk) & free[:, None]
 
@@ -329,10 +329,10 @@ def group_budget_keep(
     o = tile_offers(scores, cand, forced, tiles, pool)
     dens = group_rates(density, groups, scores.device)
     target = torch.floor(dens * o.candidates.double()[:, None] + 1e-9).long()  # [B, G]
-    room = (target - o.forced[:, None]).clamp(min=0)
-    order = best_first(o.value, int(room.max()) if room.numel() else 0)  # live items cost >= 1
+    budget_left = (target - o.forced[:, None]).clamp(min=0)  # [B, G] pairs left to buy
+    order = best_first(o.value, int(budget_left.max()) if budget_left.numel() else 0)  # cost >= 1
     paid = o.cost[:, None].expand(bsz, groups, -1).gather(-1, order).cumsum(-1)
-    live = (paid <= room[:, :, None].double()) & (o.value.gather(-1, order) > -math.inf)
+    live = (paid <= budget_left[:, :, None].double()) & (o.value.gather(-1, order) > -math.inf)
     keep = torch.zeros(bsz, groups, ng * nk, dtype=torch.bool, device=scores.device)
     keep.scatter_(-1, order, live)
     return keep.view(bsz, groups, ng, nk)[:, :, tiles.gid] & free[:, None]

@@ -24,7 +24,7 @@ from sketchwalk.kernels.testing import (
     rel_err,
     staircase_block_index,
     uneven_block_index,
-    with_room,
+    with_spare_rows,
 )
 
 
@@ -262,7 +262,7 @@ def test_uneven_counts_match_reference(shape, padded):
     # as a model hands them over: transposed queries, K/V in a cache with room (NaN past the
     # filled rows); read in place, the very same result
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)
-    kr, vr = with_room(k, 24), with_room(v, 24)
+    kr, vr = with_spare_rows(k, 24), with_spare_rows(v, 24)
     moved = block_sparse_attention_cpu(qt, kr, vr, lists)
     assert torch.equal(moved, out)
 
@@ -299,7 +299,7 @@ def test_split_over_threads_matches_reference(monkeypatch, shape, causal, worker
     # as a model hands them over: transposed queries, K/V in a cache with room (NaN past the
     # filled rows); read in place, the very same result
     qt = q.transpose(1, 2).contiguous().transpose(1, 2)
-    kr, vr = with_room(k, 24), with_room(v, 24)
+    kr, vr = with_spare_rows(k, 24), with_spare_rows(v, 24)
     moved = block_sparse_attention_cpu(qt, kr, vr, lists, causal)
     assert torch.equal(moved, out)
 
@@ -366,7 +366,7 @@ def test_cache_with_room_matches_reference(lq, lk, groups):
     gen = torch.Generator().manual_seed(lq + lk + groups)
     q, k, v = random_qkv(1, 9, 3, lq, lk, 32, torch.float32, gen)
     idx, cnt = random_block_index(1, groups, lq, lk, 16, 0.3, gen)
-    kr, vr = with_room(k, 40), with_room(v, 40)
+    kr, vr = with_spare_rows(k, 40), with_spare_rows(v, 40)
     assert not kr.is_contiguous()
     ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, 16))
     assert rel_err(block_sparse_attention_cpu(q, kr, vr, BlockLists(idx, cnt, 16)), ref) < 1e-5
@@ -378,7 +378,7 @@ def test_cache_with_room_matches_reference(lq, lk, groups):
 def test_full_blocks_of_a_cache_with_room_is_a_view():
     gen = torch.Generator().manual_seed(5)
     _, k, _ = random_qkv(1, 1, 3, 1, 70, 8, torch.float32, gen)
-    kr = with_room(k, 13)[0]
+    kr = with_spare_rows(k, 13)[0]
     blocks = full_blocks(kr, 4, 16)
     assert blocks.data_ptr() == kr.data_ptr()  # no copy of the cache
     assert torch.equal(blocks, k[0, :, :64].reshape(3, 4, 16 * 8))

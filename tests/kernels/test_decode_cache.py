@@ -64,8 +64,10 @@ def test_refuses_what_it_cannot_do():
     g = decode_cache.gather(k, v, index, count, 16, 100)
     with pytest.raises(ValueError, match="gathered for block 6"):
         decode_cache.attend(g, q, torch.cat([k, k], 2)[:, :, :113], v, 0.25)
-    assert decode_cache.advance(g, k, v) is None  # room for the current block only (room=1)
-    g = decode_cache.gather(k, v, index, count, 16, 100, room=2)
+    assert (
+        decode_cache.advance(g, k, v) is None
+    )  # space for the current block only (spare_blocks=1)
+    g = decode_cache.gather(k, v, index, count, 16, 100, spare_blocks=2)
     with pytest.raises(ValueError, match="not complete"):
         decode_cache.advance(g, k, v)  # block 6 of a 100-token cache holds 4 tokens
     assert decode_cache.supports(q, k, 1, None) and decode_cache.supports(q, k, 2, None)
@@ -120,21 +122,21 @@ def test_advance_across_blocks_matches_reference_on_the_extended_lists(
     from sketchwalk.engine.method.select import BlockSelection, extend_selection
 
     gen = torch.Generator().manual_seed(block + heads + 7 * equal)
-    d, lk0, room = 32, 5 * block + 3, 3
+    d, lk0, spare = 32, 5 * block + 3, 3
     cur0 = (lk0 - 1) // block
-    end = (cur0 + room) * block
+    end = (cur0 + spare) * block
     q, k, v = random_qkv(1, heads, kv, 1, end + block, d, torch.float32, gen)
     index, count = _lists(kv if per_group else 1, cur0, 0.4, gen, equal)
     sel = BlockSelection(index, count, 0, 0)
     g = decode_cache.gather(
-        k[:, :, :lk0], v[:, :, :lk0], index, count, block, lk0, sel, heads, room
+        k[:, :, :lk0], v[:, :, :lk0], index, count, block, lk0, sel, heads, spare
     )
     for lk in range(lk0, end + 2):
         cur = (lk - 1) // block
         if cur != g.cur:
             sel = extend_selection(sel, cur)
             g = decode_cache.advance(g, k[:, :, :lk], v[:, :, :lk], sel)
-            if cur == cur0 + room:  # room for room - 1 more blocks: then gather afresh
+            if cur == cur0 + spare:  # space for spare - 1 more blocks: then gather afresh
                 assert g is None
                 break
         qs = torch.randn(1, heads, 1, d, generator=gen)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from sketchwalk.engine.method.config import SketchWalkConfig
 
 
-def token_block_mass(
+def token_block_mass(  # many parameters: sampled_block_mass's, with keys as block statistics
     qs: torch.Tensor,
     q_valid: torch.Tensor,
     pos: torch.Tensor,

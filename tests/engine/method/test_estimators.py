@@ -38,8 +38,8 @@ def test_each_estimator_gives_causal_distributions(name, t):
     q, k = torch.randn(1, h, t, d, generator=gen), torch.randn(1, hkv, t, d, generator=gen)
     cfg = SketchWalkConfig(estimator=name, block_size=b, sketch_dim=8, score_rank=0)
     valid = torch.ones(1, t, dtype=torch.bool)
-    tokens = cfg if cfg.estimator_spec.keeps_tokens else None
-    sk, qt = sketch_blocks(q, k, make_srht(d, 8, 0, 0), b, valid, tokens, padded=False)
+    token_cfg = cfg if cfg.estimator_spec.keeps_tokens else None
+    sk, qt = sketch_blocks(q, k, make_srht(d, 8, 0, 0), b, valid, token_cfg, padded=False)
     n = -(-t // b)
     a = transition(sk, torch.arange(n), d, cfg, qt)
     g = cfg.groups(hkv)

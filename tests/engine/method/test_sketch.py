@@ -218,7 +218,7 @@ def test_token_sketch_pools_then_sketches_queries_and_sketches_only_the_scored_o
     valid[1, :pad] = False
     srht = make_srht(16, r, 0, 3)
     cfg = SketchWalkConfig(block_size=b, estimator="sampled", query_samples=samples)
-    sk, tokens = sketch_blocks(q, k, srht, b, valid, tokens=cfg)
+    sk, tokens = sketch_blocks(q, k, srht, b, valid, token_cfg=cfg)
     qs, ks = srht(q), srht(k)
     want_q, want_count = block_pool(qs, b, valid)
     assert torch.allclose(sk.q_sum, want_q, atol=1e-5) and torch.equal(sk.q_count, want_count)
@@ -250,7 +250,7 @@ def test_token_estimator_is_exact_when_every_block_holds_one_repeated_key(t, b, 
     cfg = SketchWalkConfig(
         block_size=b, estimator="query", per_group=True, query_samples=0, pool=pool
     )
-    sk, tokens = sketch_blocks(q, k, srht, b, valid, tokens=cfg)
+    sk, tokens = sketch_blocks(q, k, srht, b, valid, token_cfg=cfg)
     est = transition(sk, torch.arange(n), 16, cfg, tokens)
     exact = exact_block_mass(q, k, 16**-0.5, b, valid, groups=2, pool=pool)
     assert torch.allclose(est, exact, atol=1e-5)

@@ -10,7 +10,13 @@ import torch.nn.functional as F
 
 from sketchwalk.kernels.lists import BlockLists
 from sketchwalk.kernels.reference import block_sparse_attention_reference, dense_block_index
-from sketchwalk.kernels.testing import poisoned, random_block_index, random_qkv, rel_err, with_room
+from sketchwalk.kernels.testing import (
+    poisoned,
+    random_block_index,
+    random_qkv,
+    rel_err,
+    with_spare_rows,
+)
 from sketchwalk.kernels.triton_dispatch import block_sparse_attention_triton, block_sparse_decode
 
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3}
@@ -76,7 +82,7 @@ def test_decode_gathers_small_blocks_and_never_reads_padding(b):
     idx, cnt = random_block_index(2, 2, 1, lk, b, 0.7, gen)
     starts = torch.tensor([b + 3, 0])
     ref = block_sparse_attention_reference(q, k, v, BlockLists(idx, cnt, b, seq_start=starts))
-    k, v = with_room(k, 9), with_room(v, 9)
+    k, v = with_spare_rows(k, 9), with_spare_rows(v, 9)
     k[0, :, : b + 3] = float("nan")
     v[0, :, : b + 3] = float("nan")
     for splits in (1, 2, 5):

@@ -28,7 +28,7 @@ from sketchwalk.kernels.testing import (
     random_qkv,
     rel_err,
     uneven_block_index,
-    with_room,
+    with_spare_rows,
 )
 from sketchwalk.kernels.triton_common import list_runs
 from sketchwalk.kernels.triton_configs import PrefillConfig
@@ -205,7 +205,7 @@ def test_gpu_tiles_full_runs_and_edges_match_reference(case, dtype):
         q, k, v, BlockLists(idx, cnt, b, query_block=tile, seq_start=starts)
     )
     if padded:
-        k, v = with_room(k, 7), with_room(v, 7)
+        k, v = with_spare_rows(k, 7), with_spare_rows(v, 7)
         k[1, :, : 2 * b + 5] = float("nan")
         v[1, :, : 2 * b + 5] = float("nan")
     out = poisoned(q)
