@@ -166,14 +166,22 @@ class RunsMixin:
         timings: dict[str, Any],
         job: tuple[str, str] | None = None,
         failed: str | None = None,
+        layer_dense_ms: dict[int, float] | None = None,
     ) -> None:
         """The speed half after `save_quality`: merge `timings` (the clean passes' keys) into the
         run's stored timings and mark the run and its job done, in one short transaction fenced
         like the save (a lost claim writes nothing: JobLostError). `failed`: the one line saying
         why the clean passes did not run; kept as the timings' `clean_failed` note, the run
-        still done (its quality half is whole). Only a 'running' run takes it."""
+        still done (its quality half is whole). `layer_dense_ms`: each layer's dense prefill
+        attention time from the clean passes, written into the sparse prefill layers' records
+        that have none (the quality half times no dense attention). Only a 'running' run takes
+        it."""
         if not isinstance(timings, dict):
             raise InvalidResultError(f"save_speed takes a dict, not {type(timings).__name__}")
+        dense_rows = [
+            {"rid": run_id, "lyr": int(layer), "ms": float(ms)}
+            for layer, ms in (layer_dense_ms or {}).items()
+        ]
         extra = {**timings, **({CLEAN_FAILED: failed} if failed else {})}
         text = jsonio.dumps(extra)  # values JSON cannot hold are refused before any write
         try:
@@ -183,6 +191,20 @@ class RunsMixin:
                     self.check_claim(conn, job[0], job[1])  # type: ignore[attr-defined]
                 stored = _running_timings(conn, run_id)
                 merged = jsonio.dumps({**stored, **jsonio.loads(text)})
+                if dense_rows:
+                    t = schema.layer_stats
+                    conn.execute(
+                        t.update()
+                        .where(
+                            t.c.run_id == sa.bindparam("rid"),
+                            t.c.phase == "prefill",
+                            t.c.layer == sa.bindparam("lyr"),
+                            sa.not_(t.c.dense),
+                            t.c.t_dense_ms.is_(None),
+                        )
+                        .values(t_dense_ms=sa.bindparam("ms")),
+                        dense_rows,
+                    )
                 self._end_save(
                     conn, run_id, {"timings": merged, "status": "done"}, job, _finished_job(run_id)
                 )

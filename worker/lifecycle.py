@@ -178,7 +178,7 @@ def _quality_then_speed(
     second fenced write merges their timings and ends run and job. Clean passes that fail leave
     the run done with its quality half and a one-line `clean_failed` timings note: what was
     measured is whole, only the speed half is missing."""
-    from sketchwalk.engine.run.runner import run, speed_timings
+    from sketchwalk.engine.run.runner import run, speed_timings, with_layer_dense
     from sketchwalk.store.runs import SPEED_PENDING
 
     opts = request.run_options()
@@ -194,6 +194,7 @@ def _quality_then_speed(
     if job is not None and fence is None:
         store.update_job(job.job_id, share, SPEED_PENDING, run_id=run_id)
     failed = None
+    layer_dense: dict[int, float] = {}  # the per-layer dense timing the quality half left out
     try:
         more = speed_timings(
             lm,
@@ -202,6 +203,7 @@ def _quality_then_speed(
             opts,
             result.timings,
             lambda f, m: progress(share + (1 - share) * f, m),
+            layer_dense,
         )
     except Exception as exc:
         if _is_lost(exc):
@@ -211,14 +213,18 @@ def _quality_then_speed(
             if isinstance(exc, SketchWalkError)
             else f"{type(exc).__name__}: {first_line(exc)}"
         )
-        more, failed = {}, f"the clean timing passes failed: {why}"
+        more, failed, layer_dense = {}, f"the clean timing passes failed: {why}", {}
         log.warning("run %s: %s", run_id, failed)
     retrying(
-        lambda: store.save_speed(run_id, more, job=fence, failed=failed), "save the clean timings"
+        lambda: store.save_speed(
+            run_id, more, job=fence, failed=failed, layer_dense_ms=layer_dense
+        ),
+        "save the clean timings",
     )
     if job is not None and fence is None:
         store.finish_job(job.job_id, run_id=run_id)
     result.timings.update(more)
+    with_layer_dense(result.layers, layer_dense)
     if failed:
         from sketchwalk.engine.run.speed import CLEAN_FAILED
 

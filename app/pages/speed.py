@@ -154,7 +154,8 @@ else:
     st.plotly_chart(figures.stage_figure(pre), key="speed_stages")
     st.caption(
         "Per-layer times are measured by the recorder on this machine (one run, so expect noise); "
-        "dense attention is timed on the same inputs right after the sparse path."
+        "dense attention is timed on the same inputs right after the sparse path, or, in a run "
+        "that showed its quality first, by its clean dense passes (the median per layer)."
     )
 
 st.subheader("Density sweep")

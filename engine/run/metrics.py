@@ -82,7 +82,11 @@ def _compare_rows(
 ) -> PromptComparison:
     """Row t of the logits predicts targets[t]; each log-softmax is computed once."""
     d = torch.log_softmax(dense_logits.float(), dim=-1)
-    s = torch.log_softmax(sparse_logits.float(), dim=-1)
+    return _compare_logprobs(d, torch.log_softmax(sparse_logits.float(), dim=-1), targets)
+
+
+def _compare_logprobs(d: torch.Tensor, s: torch.Tensor, targets: torch.Tensor) -> PromptComparison:
+    """_compare_rows from the two sides' log-probabilities."""
     tgt = targets[:, None].to(d.device)
     return PromptComparison(
         kl=kl_from_logprobs(d, s).cpu(),
@@ -111,18 +115,25 @@ def compare_prompt_chunked(
     sparse_hidden: torch.Tensor,
     ids: torch.Tensor,
     chunk: int | None = None,
+    dense_logprobs: torch.Tensor | None = None,
+    keep_dense: torch.Tensor | None = None,
 ) -> PromptComparison:
     """`compare_prompt` from final hidden states [T, H], a chunk of positions at a time.
 
     `logits_fn` maps hidden states to logits (the LM head); only one chunk's logits and
     log-softmax copies are alive at once, so memory does not grow with T x vocabulary.
+
+    The dense side of a prompt is the same for every sparse run on it: `keep_dense`, a
+    [T - 1, V] float32 buffer, receives its log-probabilities, and a later comparison on the
+    same prompt hands them back as `dense_logprobs`, so that only the sparse side's head and
+    log-softmax run (the same numbers: the rows are the ones the first comparison computed).
     """
     t = ids.shape[0]
     if t < 2:
         empty = torch.empty(0)
         return PromptComparison(empty, empty, empty, empty.bool())
     if chunk is None:  # size the chunk from the vocabulary
-        chunk = max(1, CHUNK_ELEMS // int(logits_fn(dense_hidden[:1]).shape[-1]))
+        chunk = max(1, CHUNK_ELEMS // int(logits_fn(sparse_hidden[:1]).shape[-1]))
     # The per-position results go into buffers allocated once, before any chunk: small results
     # kept per chunk would be carved out of the chunk's just-freed logits, and the next chunk's
     # logits then no longer fit there (glibc with raised thresholds, sketchwalk/allocator.py):
@@ -135,8 +146,14 @@ def compare_prompt_chunked(
     )
     for s in range(0, t - 1, chunk):
         e = min(t - 1, s + chunk)  # row t-1 predicts past the prompt: not compared
-        d, sp = logits_fn(dense_hidden[s:e]), logits_fn(sparse_hidden[s:e])
-        part = _compare_rows(d, sp, ids[s + 1 : e + 1])
+        sp = torch.log_softmax(logits_fn(sparse_hidden[s:e]).float(), dim=-1)
+        if dense_logprobs is not None:
+            d = dense_logprobs[s:e]
+        else:
+            d = torch.log_softmax(logits_fn(dense_hidden[s:e]).float(), dim=-1)
+            if keep_dense is not None:
+                keep_dense[s:e] = d
+        part = _compare_logprobs(d, sp, ids[s + 1 : e + 1])
         del d, sp
         out.kl[s:e] = part.kl
         out.logprob_dense[s:e] = part.logprob_dense

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -183,6 +183,9 @@ class DenseMemo:
 
     key: tuple
     dense: Decoded
+    # the prompt comparison's dense log-probabilities [T - 1, V] (kept up to DENSE_LOGPROBS_MB):
+    # the next comparison on the prompt runs the head and log-softmax of its sparse side only
+    prompt_logprobs: torch.Tensor | None = None
 
 
 def dense_key(ids: torch.Tensor, max_new: int, eos: int | None, model: torch.nn.Module) -> tuple:
@@ -213,6 +216,21 @@ def cache_mb(cache: object) -> float:
     return total / 2**20
 
 
+DENSE_LOGPROBS_MB = 512
+"""The dense side of the prompt comparison (its log-probabilities, positions x vocabulary in
+float32) is kept in the dense memo when it is at most this big (a 2k-token SmolLM2 prompt:
+365 MB, about 40% of a comparison saved at the next density); longer prompts recompute it."""
+
+
+def dense_logprobs_buffer(parts: LMParts, n: int, vocab: int) -> torch.Tensor | None:
+    """Where a first comparison on an n-token prompt writes its dense log-probabilities for the
+    memo, on the head's device; None past DENSE_LOGPROBS_MB (or for a prompt of one token)."""
+    if n < 2 or (n - 1) * vocab * 4 > DENSE_LOGPROBS_MB * 2**20:
+        return None
+    device = parts.head.weight.device if parts.head is not None else torch.device("cpu")
+    return torch.empty(n - 1, vocab, device=device)
+
+
 @torch.no_grad()
 def judge_logits(
     parts: LMParts, ids: torch.Tensor, dense: Decoded, new_ids: list[int]
@@ -240,6 +258,11 @@ def judge_logits(
     seq = torch.cat([ids[0].cpu(), torch.tensor(new_ids, dtype=torch.long)])
     hidden = parts.forward_hidden(seq[None].to(ids.device))
     return parts.logits(hidden[n - 1 : n - 1 + len(new_ids)]).cpu()
+
+
+def judge_vocab(dense: Decoded) -> int:
+    """The vocabulary of the model's logits (the dense pass kept a [N, V] tensor, N may be 0)."""
+    return int(dense.new_logits.shape[-1])
 
 
 def _versions(device: torch.device) -> dict[str, str]:
@@ -276,8 +299,10 @@ def run(
 ) -> RunResult:
     """Dense and sparse on the same prompt: generations, metrics, per-layer records, timings.
 
-    speed False: the quality half only (no clean passes, whatever opts says); the caller that
-    shows quality first then calls `speed_timings` for the rest."""
+    speed False: the quality half only (no clean passes, whatever opts says, and no per-layer
+    dense timing in the recorder); the caller that shows quality first then calls
+    `speed_timings` for the rest, which times each layer's dense attention in its clean dense
+    passes instead (`layer_dense`)."""
     opts = opts or RunOptions()
     ids = tokenize(lm, prompt)
     validate_prompt(ids.shape[1], lm, cfg, opts)
@@ -294,10 +319,14 @@ def speed_timings(
     opts: RunOptions,
     recorded: dict[str, float],
     progress: Progress | None = None,
+    layer_dense: dict[int, float] | None = None,
 ) -> dict[str, float]:
     """The speed half of a run whose quality half came first (run(..., speed=False)): its clean
     passes, dense and sparse side by side (never a reused dense side), and what recording added
-    to the `recorded` timings. Empty when opts asks for no clean timing."""
+    to the `recorded` timings. Empty when opts asks for no clean timing. `layer_dense`, when
+    given, receives each layer's dense prefill attention time (ms, the median over the clean
+    dense passes): the per-layer dense timing the quality half left out (LayerRecord.t_dense_ms
+    of its sparse prefill layers, see with_layer_dense)."""
     ids = tokenize(lm, prompt)
     repeats = max(1, opts.clean_repeats)
 
@@ -305,7 +334,20 @@ def speed_timings(
         if progress is not None:
             progress(i / repeats, f"timing clean pass {i + 1}/{repeats}")
 
-    return _clean_timings(lm, ids, cfg, opts, recorded, on_pass)
+    return _clean_timings(lm, ids, cfg, opts, recorded, on_pass, layer_dense)
+
+
+def with_layer_dense(layers: list, layer_dense: dict[int, float]) -> int:
+    """Each sparse prefill record (not its groups') without a dense time takes its layer's from
+    the speed half (speed_timings' layer_dense); returns how many did."""
+    done = 0
+    for rec in layers:
+        if rec.phase == "prefill" and not rec.dense and rec.t_dense_ms is None:
+            ms = layer_dense.get(rec.layer)
+            if ms is not None:
+                rec.t_dense_ms = float(ms)
+                done += 1
+    return done
 
 
 def _run(
@@ -349,7 +391,10 @@ def _run(
         if dense.cache is not None and cache_mb(dense.cache) > JUDGE_CACHE_MB:
             dense.cache = None  # a long prompt: the judge runs whole, memory stays as it was
 
-    recorder = Recorder(opts.recorder) if opts.record else None
+    # the quality half times no dense attention per layer: the speed half's clean dense
+    # passes do, beside the clean sparse ones (a recorded 2k-token run: ~3 s of dense SDPA)
+    rec_opts = opts.recorder if speed else replace(opts.recorder, time_dense=False)
+    recorder = Recorder(rec_opts) if opts.record else None
 
     def on_layer(phase: str, step: int, layer: int) -> None:
         base = 1 + opts.max_new_tokens + (step if phase == "decode" else 0)
@@ -367,15 +412,23 @@ def _run(
     parts = LMParts.of(model)
     seq = torch.cat([ids[0].cpu(), torch.tensor(sparse.new_ids, dtype=torch.long)])
     judge = judge_logits(parts, ids, dense, sparse.new_ids)
-    lm.dense_memo = DenseMemo(key, dense)  # the next density on this prompt starts here
     gen_kl = kl_per_position(judge, sparse.new_logits)
     sparse_by_dense = token_logprobs(judge, seq[n:])
 
     ids_list = ids[0].tolist()
+    known = memo.prompt_logprobs if reused else None
+    keep = None if known is not None else dense_logprobs_buffer(parts, n, judge_vocab(dense))
     with torch.no_grad():
         comparison = compare_prompt_chunked(
-            parts.logits, dense.prompt_hidden, sparse.prompt_hidden, ids[0].cpu()
+            parts.logits,
+            dense.prompt_hidden,
+            sparse.prompt_hidden,
+            ids[0].cpu(),
+            dense_logprobs=known,
+            keep_dense=keep,
         )
+    # the next density on this prompt starts here
+    lm.dense_memo = DenseMemo(key, dense, known if known is not None else keep)
     metrics = comparison.summary()
     metrics.update(
         gen_kl_mean=float(gen_kl.mean()) if gen_kl.numel() else None,
@@ -415,13 +468,9 @@ def _run(
             )
         )
     if recorder is not None:
-        dense_attn = [
-            r.t_dense_ms
-            for r in recorder.layers
-            if r.t_dense_ms is not None and r.phase == "prefill"
-        ]
-        if dense_attn:
-            timings["dense_attention_ms"] = float(sum(dense_attn))
+        prefill = [r for r in recorder.layers if r.phase == "prefill"]
+        if prefill and all(r.t_dense_ms is not None for r in prefill):
+            timings["dense_attention_ms"] = float(sum(r.t_dense_ms for r in prefill))
 
     tokens = _token_records(tok, ids_list, dense, sparse, comparison, gen_kl)
     return RunResult(
@@ -469,6 +518,7 @@ def _clean_timings(
     opts: RunOptions,
     timings: dict,
     on_pass: Callable[[int], None] | None = None,
+    layer_dense: dict[int, float] | None = None,
 ) -> dict[str, float]:
     """Clean-pass timings beside the recorded ones (RunOptions.clean_timing), else nothing.
 
@@ -483,16 +533,24 @@ def _clean_timings(
         return {}
     from sketchwalk.engine.run.timing import clean_timings, recording_overhead
 
-    runs, steps = [], {}
+    runs, steps, layers = [], {}, {}
     for i in range(max(1, opts.clean_repeats)):
         if on_pass is not None:
             on_pass(i)
         new = opts.max_new_tokens if i == 0 else 0
         runs.append(
             clean_timings(
-                lm.model, ids, cfg, new, opts.kernel_backend, steps=steps if i == 0 else None
+                lm.model,
+                ids,
+                cfg,
+                new,
+                opts.kernel_backend,
+                steps=steps if i == 0 else None,
+                layers=layers,
             )
         )
+    if layer_dense is not None:
+        layer_dense.update({k: statistics.median(v) for k, v in layers.items()})
     out = median_timings(runs)
     out.update(decode_spread(steps.get("dense", []), steps.get("sparse", [])))
     if opts.record:  # a run without the recorder has no recording overhead to report

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,7 @@ from sketchwalk.engine.method.config import SketchWalkConfig
 
 TIMED_SDPA = "sdpa_timed"
 _dense_attention_ms = [0.0]  # the timed SDPA's running total (one benchmark at a time)
+_dense_layer_ms: dict[int, float] = {}  # and per layer (the module's layer_idx)
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Pass:
     decode_ms: list[float]  # per token
     stages: dict[str, float]  # prefill_<stage> totals, decode_<stage> per token (ms)
     first_token: int
+    layers: dict[int, float] = field(default_factory=dict)  # dense: prefill attention per layer
 
 
 def last_logits_only(model: torch.nn.Module) -> dict:
@@ -82,6 +84,9 @@ def _timed_sdpa(module, query, key, value, attention_mask, **kwargs):
         query.device,
     )
     _dense_attention_ms[0] += ms
+    layer = getattr(module, "layer_idx", None)
+    if isinstance(layer, int):
+        _dense_layer_ms[layer] = _dense_layer_ms.get(layer, 0.0) + ms
     return out
 
 
@@ -118,15 +123,20 @@ def run_variant(
     """cfg None: the model's own SDPA; else Sketch&Walk with no recorder."""
     if cfg is None:
         pre: list[float] = []
+        _dense_layer_ms.clear()
+        layers: dict[int, float] = {}
+
+        def after_prefill() -> None:
+            pre.append(attention_ms())
+            layers.update(_dense_layer_ms)
+
         with timed_dense(model) as attention_ms:
-            prefill, steps, first = one_pass(
-                model, ids, new_tokens, all_logits, lambda: pre.append(attention_ms())
-            )
+            prefill, steps, first = one_pass(model, ids, new_tokens, all_logits, after_prefill)
             total = attention_ms()
         stages = {"prefill_attention": pre[0]}
         if new_tokens:
             stages["decode_attention"] = (total - pre[0]) / new_tokens
-        return Pass(prefill, steps, stages, first)
+        return Pass(prefill, steps, stages, first, layers)
     model.set_attn_implementation(NAME)
     try:
         with sketch_walk_session(cfg, kernel_backend=backend) as session:
@@ -157,17 +167,22 @@ def clean_timings(
     new_tokens: int,
     backend: str | None = None,
     steps: dict[str, list[float]] | None = None,
+    layers: dict[int, list[float]] | None = None,
 ) -> dict[str, float]:
     """One clean dense pass and one clean sparse pass (no recorder): the `clean_*` timing keys.
 
     Whole model and attention alone, prefill (ms) and decode (ms per token); one pass each, so
     as noisy as the run itself (`sketchwalk bench model` repeats and takes medians). `steps`,
-    when given, receives each variant's per-token decode times ("dense", "sparse").
+    when given, receives each variant's per-token decode times ("dense", "sparse"); `layers`,
+    the dense pass's prefill attention time of each layer (appended to its list).
     """
     dense = run_variant(model, ids, new_tokens, None, False)
     sparse = run_variant(model, ids, new_tokens, cfg, False, backend)
     if steps is not None:
         steps.update(dense=list(dense.decode_ms), sparse=list(sparse.decode_ms))
+    if layers is not None:
+        for layer, ms in dense.layers.items():
+            layers.setdefault(layer, []).append(ms)
     out = {
         "clean_dense_prefill_ms": dense.prefill_ms,
         "clean_sparse_prefill_ms": sparse.prefill_ms,

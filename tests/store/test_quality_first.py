@@ -165,3 +165,24 @@ def test_recovery_ends_the_server_sessions_saving_under_the_claims_it_took(pg_ur
         assert sessions[kept].execute(sa.text("SELECT 1")).scalar() == 1
         for conn in sessions.values():
             conn.close()
+
+
+def test_the_speed_half_fills_the_sparse_layers_dense_times(store):
+    """save_speed's layer_dense_ms goes into the sparse prefill records that the quality half
+    left without a dense time; dense layers keep their own attention time."""
+    fence, run_id = _started(store)
+    result = make_result()
+    for rec in result.layers:
+        if not rec.dense:
+            rec.t_dense_ms = None
+    store.save_quality(run_id, result, job=fence, progress=0.4)
+    layers = sorted({r.layer for r in result.layers})
+    before = store.layer_stats(run_id, "prefill").set_index("layer")
+    assert before.loc[~before["dense"], "t_dense_ms"].isna().all()
+    store.save_speed(run_id, CLEAN, job=fence, layer_dense_ms={x: 100.0 + x for x in layers})
+    after = store.layer_stats(run_id, "prefill").set_index("layer")
+    for layer in layers:
+        if after.loc[layer, "dense"]:
+            assert after.loc[layer, "t_dense_ms"] == before.loc[layer, "t_dense_ms"]
+        else:
+            assert after.loc[layer, "t_dense_ms"] == 100.0 + layer

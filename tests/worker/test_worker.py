@@ -383,18 +383,19 @@ def test_a_new_job_kind_is_one_function_and_one_registry_line(store, monkeypatch
 def test_a_run_job_stores_its_quality_half_before_its_clean_passes(
     store, tiny_model, models, monkeypatch
 ):
-    """The first write: metrics, layer stats, run still running, the job saying the clean passes
-    are under way; the second: clean timings merged in, run and job done."""
+    """The first write: metrics, layer stats (no dense time in the sparse layers' records), run
+    still running, the job saying the clean passes are under way; the second: clean timings and
+    each sparse layer's dense time from the clean dense passes merged in, run and job done."""
     import sketchwalk.engine.run.runner as runner
     from sketchwalk.store.runs import SPEED_PENDING
 
     real = runner.speed_timings
     seen: dict = {}
 
-    def after_the_first_write(lm, prompt, cfg, opts, recorded, progress=None):
+    def after_the_first_write(lm, prompt, cfg, opts, recorded, progress=None, layer_dense=None):
         (job,) = store.list_jobs()
         seen.update(job=job, run=store.get_run(job.run_id), stats=store.layer_stats(job.run_id))
-        return real(lm, prompt, cfg, opts, recorded, progress)
+        return real(lm, prompt, cfg, opts, recorded, progress, layer_dense)
 
     monkeypatch.setattr(runner, "speed_timings", after_the_first_write)
     job_id = store.enqueue_job(make_request(TEXT, tiny_config(), tiny_model, 2))
@@ -410,6 +411,13 @@ def test_a_run_job_stores_its_quality_half_before_its_clean_passes(
     assert "recording_overhead_prefill_ms" in done["timings"]
     assert (finished.status, finished.progress, finished.error) == ("done", 1.0, None)
     assert len(store.layer_stats(first["id"])) == len(seen["stats"])
+
+    def sparse_prefill(stats):
+        return stats[(stats["phase"] == "prefill") & ~stats["dense"].astype(bool)]
+
+    assert not sparse_prefill(seen["stats"]).empty
+    assert sparse_prefill(seen["stats"])["t_dense_ms"].isna().all()
+    assert (sparse_prefill(store.layer_stats(first["id"]))["t_dense_ms"] > 0).all()
 
 
 def test_failed_clean_passes_keep_the_quality_half_and_say_so(

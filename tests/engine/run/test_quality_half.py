@@ -1,0 +1,175 @@
+"""What the quality half of a run computes, and what it does not do twice: the exact block mass
+from the C kernel equals a plain softmax, the prompt comparison on a prompt seen before runs the
+LM head on its sparse side only, and the quality half times no dense attention per layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sketchwalk.app.prompts import license_text
+from sketchwalk.engine.method import blockstats
+from sketchwalk.engine.method.config import SketchWalkConfig
+from sketchwalk.engine.run.metrics import compare_prompt_chunked
+from sketchwalk.engine.run.models import load_model
+from sketchwalk.engine.run.runner import LMParts, RunOptions, run
+
+
+def _plain_exact(q, k, scale, b, groups, pool):
+    """The definition: causal softmax per head and row, summed per key block, then pooled over a
+    group's heads and a query block's rows (mean; or max, rows then scaled to sum to 1)."""
+    _, h, lq, _ = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    kk = k.repeat_interleave(h // hkv, dim=1).float()
+    scores = (q.float() @ kk.transpose(-1, -2)) * scale  # [B, H, lq, lk]
+    pos = torch.arange(lk - lq, lk)[:, None]
+    scores = scores.masked_fill(torch.arange(lk)[None, :] > pos, float("-inf"))
+    p = torch.softmax(scores, -1)
+    nk, nq = -(-lk // b), -(-lq // b)
+    p = torch.nn.functional.pad(p, (0, nk * b - lk)).unflatten(-1, (nk, b)).sum(-1)
+    p = p.unflatten(1, (groups, h // groups))
+    p = p.amax(2) if pool == "max" else p.mean(2)  # [B, G, lq, nk]
+    p = torch.nn.functional.pad(p, (0, 0, 0, nq * b - lq)).unflatten(2, (nq, b))
+    if pool == "max":
+        out = p.amax(3)
+        return out / out.sum(-1, keepdim=True)
+    counts = torch.full((nq,), float(b))
+    counts[-1] = lq - (nq - 1) * b
+    return p.sum(3) / counts[None, None, :, None]
+
+
+@pytest.mark.parametrize("pool", ["mean", "max"])
+@pytest.mark.parametrize(("lq", "lk"), [(100, 100), (37, 100), (1, 90), (64, 64)])
+@pytest.mark.parametrize("native", [True, False])
+def test_exact_block_mass_equals_the_plain_softmax(pool, lq, lk, native, monkeypatch):
+    """Both paths (the C kernel's and the torch product's) against the definition, prefill
+    (whole and a later chunk of queries, a partial last block) and a decode row."""
+    if native and blockstats.library() is None:
+        pytest.skip("no C compiler")
+    if not native:
+        monkeypatch.setattr(blockstats, "library", lambda: None)
+    g = torch.Generator().manual_seed(lq + lk)
+    q = torch.randn(1, 6, lq, 16, generator=g)
+    k = torch.randn(1, 2, lk, 16, generator=g)
+    valid = torch.ones(1, lk, dtype=torch.bool)
+    for groups in (1, 2):
+        got = blockstats.exact_block_mass(q, k, 0.25, 16, valid, groups, pool=pool)
+        want = _plain_exact(q, k, 0.25, 16, groups, pool)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_exact_block_mass_takes_the_c_kernel_for_prefill_only(monkeypatch):
+    calls = []
+    real = blockstats.scored_block_mass
+    monkeypatch.setattr(
+        blockstats, "scored_block_mass", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    if blockstats.library() is None:
+        pytest.skip("no C compiler")
+    q, k = torch.randn(1, 4, 64, 16), torch.randn(1, 2, 64, 16)
+    valid = torch.ones(1, 64, dtype=torch.bool)
+    blockstats.exact_block_mass(q[:, :, -1:], k, 0.25, 16, valid, 2)  # a decode row
+    assert not calls
+    blockstats.exact_block_mass(q, k, 0.25, 16, valid, 2)
+    assert calls
+    calls.clear()
+    valid[0, :5] = False  # padded keys: the torch path masks them
+    blockstats.exact_block_mass(q, k, 0.25, 16, valid, 2)
+    assert not calls
+
+
+def test_the_comparison_reuses_the_dense_log_probabilities():
+    """With the dense side's log-probabilities kept from a first comparison, a second one runs
+    the head on the sparse hidden states only, and gives the same numbers."""
+    g = torch.Generator().manual_seed(0)
+    head = torch.randn(8, 50, generator=g)
+    dense_h, sparse_h = torch.randn(40, 8, generator=g), torch.randn(40, 8, generator=g)
+    ids = torch.randint(0, 50, (40,), generator=g)
+    seen = []
+
+    def logits(h):
+        seen.append(h)
+        return h @ head
+
+    keep = torch.empty(39, 50)
+    first = compare_prompt_chunked(logits, dense_h, sparse_h, ids, chunk=7, keep_dense=keep)
+    seen.clear()
+    again = compare_prompt_chunked(logits, dense_h, sparse_h, ids, chunk=7, dense_logprobs=keep)
+    assert sum(len(h) for h in seen) == 39
+    assert all(any(torch.equal(h, sparse_h[s : s + len(h)]) for s in range(40)) for h in seen)
+    for name in ("kl", "logprob_dense", "logprob_sparse", "agree"):
+        assert torch.equal(getattr(first, name), getattr(again, name)), name
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model):
+    return load_model(tiny_model)
+
+
+def test_a_second_density_runs_the_head_on_the_sparse_side_only(tiny, monkeypatch):
+    """The dense model's head is not applied to the prompt again at a second density: the
+    comparison's head rows are the sparse side's, and its numbers equal a fresh run's."""
+    prompt = license_text()[:900]
+    opts = RunOptions(max_new_tokens=3)
+    tiny.dense_memo = None
+    run(tiny, prompt, SketchWalkConfig(block_size=16, density=0.5), opts, speed=False)
+    assert tiny.dense_memo.prompt_logprobs is not None
+    rows = []
+    real = LMParts.logits
+    monkeypatch.setattr(LMParts, "logits", lambda self, h: rows.append(len(h)) or real(self, h))
+    second = run(tiny, prompt, SketchWalkConfig(block_size=16, density=0.3), opts, speed=False)
+    n = second.prompt_tokens
+    assert second.metrics["dense_reused"] is True
+    # the sparse pass's decode steps, the judge's continuation, the prompt's sparse side once
+    assert sum(rows) < 2 * (n - 1)
+    monkeypatch.setattr(LMParts, "logits", real)
+    tiny.dense_memo = None
+    fresh = run(tiny, prompt, SketchWalkConfig(block_size=16, density=0.3), opts, speed=False)
+    for key in ("kl_mean", "kl_max", "top1_agreement", "ppl_dense", "ppl_sparse"):
+        assert second.metrics[key] == fresh.metrics[key], key
+
+
+def test_the_quality_half_times_no_dense_attention_per_layer(tiny, monkeypatch):
+    """run(speed=False) leaves per-layer dense timing to the speed half: dense attention runs
+    only for the dense layers' own attention; a whole run (speed=True) still times it."""
+    from sketchwalk.engine.hf import session as session_mod
+
+    calls = []
+    real = session_mod.dense_attention
+    monkeypatch.setattr(
+        session_mod, "dense_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    prompt = license_text()[:700]
+    cfg = SketchWalkConfig(block_size=16, density=0.3)
+    opts = RunOptions(max_new_tokens=2)
+    res = run(tiny, prompt, cfg, opts, speed=False)
+    sparse = [r for r in res.layers if r.phase == "prefill" and not r.dense]
+    assert sparse and all(r.t_dense_ms is None for r in sparse)
+    dense_layers = sum(1 for r in res.layers if r.dense)
+    assert len(calls) == dense_layers
+    calls.clear()
+    whole = run(tiny, prompt, cfg, opts)
+    assert all(
+        r.t_dense_ms is not None for r in whole.layers if r.phase == "prefill" and not r.dense
+    )
+    assert len(calls) > dense_layers
+
+
+def test_the_speed_half_times_each_layers_dense_attention(tiny):
+    """speed_timings hands back the clean dense passes' prefill attention per layer (every
+    layer, a median over the repeats), and with_layer_dense puts it into the quality half's
+    sparse prefill records."""
+    from sketchwalk.engine.run.runner import speed_timings, with_layer_dense
+
+    prompt = license_text()[:700]
+    cfg = SketchWalkConfig(block_size=16, density=0.3)
+    opts = RunOptions(max_new_tokens=2, clean_timing=True, clean_repeats=2)
+    res = run(tiny, prompt, cfg, opts, speed=False)
+    layer_dense: dict[int, float] = {}
+    speed_timings(tiny, prompt, cfg, opts, res.timings, layer_dense=layer_dense)
+    n_layers = int(tiny.model.config.num_hidden_layers)
+    assert sorted(layer_dense) == list(range(n_layers))
+    assert all(ms > 0 for ms in layer_dense.values())
+    sparse = [r for r in res.layers if r.phase == "prefill" and not r.dense]
+    assert with_layer_dense(res.layers, layer_dense) == len(sparse) > 0
+    assert all(r.t_dense_ms == layer_dense[r.layer] for r in sparse)
