@@ -227,5 +227,5 @@ def test_a_runs_text_past_the_stores_limit_is_refused_before_import(
     with pytest.raises(ForeignExportError) as refused:
         store.import_parquet(tmp_path / "e")
     said = str(refused.value)
-    assert "column 'prompt'" in said and "longer than the store's limit of 100" in said
+    assert "column 'prompt'" in said and "longer than 100 characters" in said
     assert "\n" not in said and store.list_runs().empty

@@ -87,7 +87,7 @@ def test_import_peak_memory_of_a_long_runs_row(tmp_path, export_dir, shape, impo
         assert len(stored) == 1
     else:
         assert out.returncode == 2 and out.stderr.count("\n") == 0, out.stderr
-        assert "longer than the store's limit of 2097152 characters" in out.stderr
+        assert "longer than 2097152 characters, the store's limit" in out.stderr
         assert stored == []
 
 
