@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from sketchwalk.errors import SketchWalkError
 
 ENV_PREFIX = "SKETCHWALK_"
+STORED_PROMPT_CHARS = 1 << 21
+"""The longest prompt the store keeps (store/limits.py MAX_RUN_TEXT): SKETCHWALK_MAX_PROMPT_CHARS
+may not exceed it, so a prompt that passes the request's check is never refused at save."""
 
 
 def _int(name: str, default: int) -> int:
@@ -72,10 +75,16 @@ def load() -> Settings:
     threads = _int("THREADS", max(1, (os.cpu_count() or 2) - 1))
     if threads < 1:
         raise SketchWalkError(f"{ENV_PREFIX}THREADS must be at least 1, got {threads}")
+    prompt_chars = _positive("MAX_PROMPT_CHARS", 200_000)
+    if prompt_chars > STORED_PROMPT_CHARS:
+        raise SketchWalkError(
+            f"{ENV_PREFIX}MAX_PROMPT_CHARS must be at most {STORED_PROMPT_CHARS:,} (the longest "
+            f"prompt the store keeps), got {prompt_chars:,}"
+        )
     return Settings(
         max_prompt_tokens=_int("MAX_PROMPT_TOKENS", 8192),
         max_new_tokens=_int("MAX_NEW_TOKENS", 256),
-        max_prompt_chars=_int("MAX_PROMPT_CHARS", 200_000),
+        max_prompt_chars=prompt_chars,
         exact_max_tokens=_int("EXACT_MAX_TOKENS", 8192),
         device=os.environ.get(ENV_PREFIX + "DEVICE", "cpu"),
         dtype=os.environ.get(ENV_PREFIX + "DTYPE", "float32"),

@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sketchwalk.settings import STORED_PROMPT_CHARS
 from sketchwalk.store.errors import StoreError
 
 MAX_TOKENS = 1 << 20
@@ -43,7 +44,7 @@ UPPER = {
 MAX_TOKEN_TEXT = 1024
 """Characters of one token's text (a tokenizer's longest piece is a few hundred): a read of
 READ_BATCH_ROWS tokens (store/bulk.py) then holds at most 64 MiB of their text."""
-MAX_RUN_TEXT = 1 << 21
+MAX_RUN_TEXT = STORED_PROMPT_CHARS
 """Characters of a run's prompt and of each generation (2,097,152): an honest prompt is at most
 SKETCHWALK_MAX_PROMPT_CHARS (200,000 by default). Bounding every text of the runs row bounds
 what importing or opening one run decodes, whatever the upload: an import holds several copies
