@@ -43,7 +43,7 @@ PER_RUN = {
     ("engine/run/runner.py", "dense_key"),  # the prompt's ids hashed once: the dense side's memo
     ("engine/run/runner.py", "_token_records"),
     ("engine/run/timing.py", "one_pass"),
-    ("engine/run/metrics.py", "_compare_rows"),
+    ("engine/run/metrics.py", "_compare_logprobs"),  # the comparison's per-position results
     ("engine/run/metrics.py", "perplexity"),
     ("engine/hf/session.py", "density"),
 }
