@@ -2,8 +2,9 @@
 
 The layers of a forward call see the same tokens, padding and selection budget. The session
 (engine/hf/session.py) builds a `StepPlan` at layer 0 (phase, validity, sequence starts, key
-span, backend) and hands it to every layer's plan, as vLLM builds its attention metadata once per batch; layers then read it
-instead of deriving it again from their tensors (each derivation a device read on a GPU).
+span, backend) and hands it to every layer's plan, as vLLM builds its attention metadata once
+per batch; layers then read it instead of deriving it again from their tensors (each derivation
+a device read on a GPU).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ class StepPlan:
 
     phase: "prefill", "decode" or "chunk"; step: the decode step's index (0 in a prefill);
     key_valid [B, Lk]: the real keys; padded: some key is masked out, read once on the host (an
-    all-valid step skips every per-layer validity check); backend: the kernel backend every layer runs (None: the
-    device's default). once(): a value built at the first layer that asks for it, keyed by
-    everything that can differ between the step's layers (the budget masks)."""
+    all-valid step skips every per-layer validity check); backend: the kernel backend every
+    layer runs (None: the device's default). once(): a value built at the first layer that asks
+    for it, keyed by everything that can differ between the step's layers (the budget masks)."""
 
     phase: str
     step: int
