@@ -441,3 +441,35 @@ def test_failed_clean_passes_keep_the_quality_half_and_say_so(
         "the clean timing passes failed: RuntimeError: out of memory"
     )
     assert not store.layer_stats(job.run_id).empty
+
+
+def test_a_warm_worker_loads_the_default_model_before_any_job(
+    store, tiny_model, tmp_path, monkeypatch
+):
+    """start(warm=True) (what `sketchwalk app` asks for) loads the deployment's default model
+    before a job comes; the first job then finds it loaded. A model that cannot load is only
+    logged: the worker serves on."""
+    from sketchwalk.worker.loop import ModelCache
+
+    models = ModelCache(2)  # its own: loads counted from zero
+    _listed_only(tmp_path, monkeypatch, tiny_model)
+    worker = Worker(store, models=models).start(warm=True)
+    try:
+        deadline = time.monotonic() + 120
+        while models.loads == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert models.loads == 1
+        job_id = store.enqueue_job(make_request(TEXT, tiny_config(), None, 2))
+        worker.wake()
+        while store.get_job(job_id).status not in ("done", "failed"):
+            assert time.monotonic() < deadline, "the job did not finish"
+            time.sleep(0.05)
+        assert store.get_job(job_id).status == "done" and models.loads == 1
+    finally:
+        worker.stop()
+    broken = tmp_path / "broken.toml"
+    broken.write_text('[models]\n[models.allowed]\nbad = "/no/such/model"\n')
+    monkeypatch.setenv("SKETCHWALK_APP_CONFIG", str(broken))
+    other = Worker(store, models=models)
+    other.warm()  # logged, not raised
+    assert models.loads == 1
