@@ -109,6 +109,24 @@ def compare_prompt(
 CHUNK_ELEMS = 1 << 23
 
 
+def chunk_rows(logits_fn: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor) -> int:
+    """Positions per chunk of the comparison, from the vocabulary (CHUNK_ELEMS)."""
+    return max(1, CHUNK_ELEMS // int(logits_fn(hidden[:1]).shape[-1]))
+
+
+def prompt_logprobs_into(
+    out: torch.Tensor, logits_fn: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor
+) -> torch.Tensor:
+    """The log-probabilities [T - 1, V] of a prompt's positions written into `out`, in the
+    comparison's chunks: the same rows `compare_prompt_chunked` computes for its dense side, so a
+    comparison handed them (`dense_logprobs`) gives the same numbers."""
+    chunk = chunk_rows(logits_fn, hidden)
+    for s in range(0, out.shape[0], chunk):
+        e = min(out.shape[0], s + chunk)
+        out[s:e] = torch.log_softmax(logits_fn(hidden[s:e]).float(), dim=-1)
+    return out
+
+
 def compare_prompt_chunked(
     logits_fn: Callable[[torch.Tensor], torch.Tensor],
     dense_hidden: torch.Tensor,
@@ -132,8 +150,8 @@ def compare_prompt_chunked(
     if t < 2:
         empty = torch.empty(0)
         return PromptComparison(empty, empty, empty, empty.bool())
-    if chunk is None:  # size the chunk from the vocabulary
-        chunk = max(1, CHUNK_ELEMS // int(logits_fn(sparse_hidden[:1]).shape[-1]))
+    if chunk is None:
+        chunk = chunk_rows(logits_fn, sparse_hidden)
     # The per-position results go into buffers allocated once, before any chunk: small results
     # kept per chunk would be carved out of the chunk's just-freed logits, and the next chunk's
     # logits then no longer fit there (glibc with raised thresholds, sketchwalk/allocator.py):

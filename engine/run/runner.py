@@ -35,6 +35,7 @@ from sketchwalk.engine.run.metrics import (
     compare_prompt_chunked,
     kl_per_position,
     perplexity,
+    prompt_logprobs_into,
     token_logprobs,
 )
 from sketchwalk.engine.run.models import LoadedModel
@@ -191,6 +192,24 @@ def _dense_greedy(
     if dense.cache is not None and cache_mb(dense.cache) > JUDGE_CACHE_MB:
         dense.cache = None  # a long prompt: the judge runs whole, memory stays as it was
     return dense
+
+
+def _dense_side(
+    model: torch.nn.Module,
+    parts: LMParts,
+    ids: torch.Tensor,
+    max_new: int,
+    eos: int | None,
+    on_token: Callable[[int], None],
+) -> tuple[Decoded, torch.Tensor | None]:
+    """A new prompt's dense side whole, for the spare core: its greedy pass and its prompt
+    log-probabilities (the comparison's and the memo's; None past DENSE_LOGPROBS_MB)."""
+    dense = _dense_greedy(model, ids, max_new, eos, on_token)
+    logprobs = dense_logprobs_buffer(parts, ids.shape[1], judge_vocab(dense))
+    if logprobs is not None:
+        with torch.no_grad():
+            prompt_logprobs_into(logprobs, parts.logits, dense.prompt_hidden)
+    return dense, logprobs
 
 
 @torch.no_grad()
@@ -420,14 +439,14 @@ def _run(
     # the quality half times nothing side by side: its independent work goes to the spare core
     alongside = not speed and spare_core(lm.device)
     parts = LMParts.of(model)
-    dense_side: Alongside[Decoded] | None = None
+    dense_side: Alongside[tuple[Decoded, torch.Tensor | None]] | None = None
     if reused:
         dense = memo.dense
         report(1 + opts.max_new_tokens, "dense side of this prompt reused")
     elif alongside:
         model.set_attn_implementation(NAME)  # dense_context() makes that thread's calls SDPA
         dense_side = Alongside(
-            lambda tick: _dense_greedy(model, ids, opts.max_new_tokens, eos, tick),
+            lambda tick: _dense_side(model, parts, ids, opts.max_new_tokens, eos, tick),
             "sketchwalk-dense-side",
         )
     else:
@@ -469,7 +488,7 @@ def _run(
                 sparse = greedy(model, ids, opts.max_new_tokens, eos, on_prefill=on_prefill)
             if dense_side is not None:
                 report(passes - 1, "waiting for the dense side")
-                dense = dense_side.result()
+                dense, known = dense_side.result()  # its prompt log-probabilities too
             comparison = compared[0].result() if compared else None
     finally:
         model.set_attn_implementation("sdpa")
