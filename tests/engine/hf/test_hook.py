@@ -149,8 +149,8 @@ def test_per_group_selection_gives_each_kv_group_its_own_lists():
     srht = make_srht(16, 16, 0, 0)
     shared = prefill_plan(q, k, SketchWalkConfig(**base, per_group=False), srht).selection
     grouped = prefill_plan(q, k, SketchWalkConfig(**base, per_group=True), srht).selection
-    assert shared.block_index.shape[1] == 1 and grouped.block_index.shape[1] == 2
-    assert not torch.equal(grouped.block_index[:, 0], grouped.block_index[:, 1])
+    assert shared.index.shape[1] == 1 and grouped.index.shape[1] == 2
+    assert not torch.equal(grouped.index[:, 0], grouped.index[:, 1])
     assert grouped.density == pytest.approx(shared.density)
     # and a model runs end to end with per-group lists
     model = tiny_llama(heads=4, kv_heads=2)
