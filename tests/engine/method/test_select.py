@@ -37,6 +37,22 @@ def run_select(
     return scores, sel, selection_mask(sel, n)
 
 
+@pytest.mark.parametrize("budget,row_group", [("row", 1), ("layer", 1), ("layer", 4)])
+def test_a_selection_carries_its_block_size_key_blocks_and_pair_counts(budget, row_group):
+    """The lists a selection hands the kernels say which keys they range over, and their
+    density is the kept over the causal (row, block) pairs of the mask they describe."""
+    n, b, batch, groups = 40, 32, 2, 3
+    end = torch.tensor([n * b - 5, n * b])
+    _, sel, mask = run_select(
+        n, b, 0.25, batch=batch, groups=groups, end=end, budget=budget, row_group=row_group
+    )
+    assert (sel.block_size, sel.key_blocks, sel.query_block) == (b, n, None)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    assert int(sel.kept) == int((mask & causal).sum())
+    assert int(sel.candidates) == batch * groups * int(causal.sum())
+    assert sel.density == int(sel.kept) / int(sel.candidates)
+
+
 def forced_reference(n, b, t, sink, sink_blocks, window, window_blocks):
     """The forced set by hand: first blocks, and blocks covering the window before each row."""
     n_sink = max(sink_blocks, math.ceil(sink * t / b))
@@ -291,6 +307,8 @@ def test_decode_row_selection_equals_select_blocks(budget, sink_blocks, window_b
                 assert torch.equal(got.index, want.index), (cur, density)
                 assert torch.equal(got.count, want.count), (cur, density)
                 assert (got.kept, got.candidates) == (want.kept, want.candidates)
+                assert got.key_blocks == want.key_blocks == cur + 1
+                assert got.block_size == want.block_size == b
 
 
 def test_decode_row_selection_leaves_fractions_to_select_blocks():
@@ -323,6 +341,9 @@ def test_extend_selection_appends_the_new_block_to_every_list(groups, density):
         ids = ext.index[0, g, 0, : int(ext.count[0, g, 0])]
         assert bool((ids[1:] > ids[:-1]).all())
     assert (ext.kept, ext.candidates) == (sel.kept + groups, sel.candidates + groups)
+    assert (ext.key_blocks, ext.block_size) == (n + 1, 16)  # now over the new block's keys
+    with pytest.raises(ValueError, match="not newer"):
+        extend_selection(sel, n - 1)
     with pytest.raises(ValueError, match="one-row"):
         extend_selection(
             BlockLists(
