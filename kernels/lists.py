@@ -2,8 +2,8 @@
 
 A selection (engine/method/select.py) is one BlockLists per layer step, and every backend
 (kernels/backends.py) takes it as it is; like FlexAttention's BlockMask it carries its block
-size and the length of the keys it ranges over. Conventions (kernels/reference.py has the
-exact ones):
+size and the length of the keys it ranges over (in blocks). Conventions (kernels/reference.py
+has the exact ones):
 - index [B, G, NQ, K] int32: sorted key-block ids per (batch, head group, query row of lists);
   entries past count [B, G, NQ] are ignored. G divides the query heads; head h uses group
   h // (H // G).
