@@ -53,7 +53,7 @@ RECORDER = {
     ("engine/run/recorder.py", "_group_records"),
     ("engine/run/recorder.py", "walk_effect_of"),  # the walk's added / dropped counts and mass
     ("engine/method/blockstats.py", "row_mean"),
-    ("engine/method/select.py", "density"),
+    ("kernels/lists.py", "density"),  # a selection's achieved density
 }
 CALIBRATION = {("engine/method/layer_profile.py", "allocate"), ("engine/method/select.py", "of")}
 EVAL = {("eval/grid.py", "lm_sums"), ("eval/grid.py", "<listcomp>")}

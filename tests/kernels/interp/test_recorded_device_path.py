@@ -51,7 +51,7 @@ RECORDER = {  # the recorder's copies to the host and its scalar metrics
     ("engine/run/recorder.py", "_group_records"),
     ("engine/run/recorder.py", "walk_effect_of"),  # the walk's added / dropped counts and mass
     ("engine/method/blockstats.py", "row_mean"),
-    ("engine/method/select.py", "density"),
+    ("kernels/lists.py", "density"),  # a selection's achieved density
 }
 
 
