@@ -92,13 +92,15 @@ def point(
 def sweep(
     runs: pd.DataFrame,
     run: Mapping[str, Any],
+    same_prompt: set[str],
     timings_of: Callable[[str], Mapping[str, Any]],
     recorded_of: Callable[[str], float | None],
 ) -> tuple[pd.DataFrame, list[str]]:
     """(points, left out): this run's sweep line (same prompt, model, method and settings but
-    the density), and one line per other run of the prompt saying what differs."""
+    the density), and one line per other run of the prompt saying what differs. same_prompt:
+    the ids of the runs of this run's prompt (the store compares whole prompts)."""
     same = runs[
-        (runs["prompt"] == run["prompt"])
+        runs["id"].isin(same_prompt)
         & (runs["model_id"] == run.get("model_id"))
         & (runs["method"] == run.get("method"))
     ]

@@ -70,8 +70,9 @@ def get_store() -> Store:
 def _worker(url: str) -> Worker:
     import torch
 
-    torch.set_num_threads(app_settings.load().threads)  # process-wide: the worker's share
-    return Worker(_store(url)).start()
+    settings = app_settings.load()
+    torch.set_num_threads(settings.threads)  # process-wide: the worker's share
+    return Worker(_store(url)).start(warm=settings.warm_model)
 
 
 def ensure_worker() -> Worker | None:

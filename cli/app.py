@@ -66,6 +66,7 @@ def cmd_app(args: argparse.Namespace) -> int:
     url = resolve_url(args.db)
     open_store(url).close()  # a locked or foreign database fails here, with one clear line
     env = dict(os.environ, SKETCHWALK_DB=url, STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    env.setdefault("SKETCHWALK_WARM_MODEL", "1")  # the model loads while the page opens
     if args.device:
         env["SKETCHWALK_DEVICE"] = args.device
     if args.no_worker:

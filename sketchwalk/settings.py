@@ -69,6 +69,9 @@ class Settings:
     db_idle_tx_s: float = 30.0  # SKETCHWALK_DB_IDLE_TX_S: a transaction idle this long is cut off
     db_statement_s: float = 600.0  # SKETCHWALK_DB_STATEMENT_S: longest single statement
     view_max_blocks: int = 4096  # SKETCHWALK_VIEW_MAX_BLOCKS: widest layer the explorer draws
+    # SKETCHWALK_WARM_MODEL: the in-app worker loads the default model as the app starts
+    # (`sketchwalk app` sets it), so the first run does not wait for the load
+    warm_model: bool = False
 
 
 def load() -> Settings:
@@ -89,6 +92,7 @@ def load() -> Settings:
         device=os.environ.get(ENV_PREFIX + "DEVICE", "cpu"),
         dtype=os.environ.get(ENV_PREFIX + "DTYPE", "float32"),
         in_app_worker=os.environ.get(ENV_PREFIX + "APP_WORKER", "1") not in ("0", "false", "no"),
+        warm_model=os.environ.get(ENV_PREFIX + "WARM_MODEL", "0") in ("1", "true", "yes"),
         poll_s=_float("POLL_S", 1.0),
         model_cache_size=_int("MODEL_CACHE", 2),
         heartbeat_s=_float("HEARTBEAT_S", 10.0),

@@ -312,9 +312,12 @@ def _csv_options(schema: pa.Schema, block_size: int | None = None) -> dict[str, 
 
 
 def fetch_arrow(conn: Connection, table: sa.Table, stmt: sa.Select) -> pa.Table:
-    """Run a SELECT over `table`'s columns and return it as Arrow with the store's column types."""
+    """Run a SELECT over `table`'s columns and return it as Arrow with the store's column types
+    (a labelled expression, say a prefix or a length, typed as its own SQL type)."""
     columns = [c.name for c in stmt.selected_columns]
-    schema = arrow_schema(table, columns)
+    schema = pa.schema(
+        [pa.field(c.name, arrow_type(table.c.get(c.name, c))) for c in stmt.selected_columns]
+    )
     if _is_duckdb(conn):
         compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
         params = [compiled.params[name] for name in compiled.positiontup or ()]

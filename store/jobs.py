@@ -355,12 +355,13 @@ class JobsMixin:
         self._cut_off_saves([claims_of[i] for i in requeued + failed])
         return requeued + failed
 
-    def _cut_off_saves(self, claims: list[str | None]) -> None:
-        """End the server sessions still saving under claims just taken back (a worker frozen
-        mid-COPY, where the server applies no statement or idle timeout): their saves can only
-        fail their fence now, and ended, they hold no snapshot or connection. PostgreSQL only
-        (embedded databases have one process); a role not allowed to signal them is logged."""
-        names = [save_session_name(c) for c in claims if c]
+    def _cut_off_saves(self, keys: list[str | None]) -> None:
+        """End the server sessions still saving under keys just taken back (claims of recovered
+        jobs, ids of failed runs: a process frozen mid-COPY, where the server applies no
+        statement or idle timeout): their saves can only fail now, and ended, they hold no
+        snapshot or connection. PostgreSQL only (embedded databases have one process); a role
+        not allowed to signal them is logged."""
+        names = [save_session_name(k) for k in keys if k]
         if not names or self.engine.dialect.name != "postgresql":
             return
         try:
@@ -376,7 +377,7 @@ class JobsMixin:
             log.warning("could not end the sessions of recovered saves: %s", exc.orig or exc)
             return
         if ended:
-            log.warning("ended %d server session(s) still saving a recovered job", ended)
+            log.warning("ended %d server session(s) still saving a recovered job or run", ended)
 
     def recover_runs(self, reason: str, stale_after_s: float | None = None) -> list[str]:
         """Fail runs left 'running' by a process that died: every one (a DuckDB file this
@@ -385,7 +386,9 @@ class JobsMixin:
 
         On PostgreSQL the rows are taken with SKIP LOCKED: a run whose row a process holds in
         its save's last statements is left to that save, instead of making this caller
-        (`sketchwalk runs`, the app, a worker) wait."""
+        (`sketchwalk runs`, the app, a worker) wait. A run failed here whose process is
+        frozen inside its save (a plain `sketchwalk run`, mid-COPY) has its server session
+        ended, as a recovered job's is."""
         r = schema.runs
         with self._begin() as conn:
             now = db_utcnow(conn)
@@ -398,7 +401,7 @@ class JobsMixin:
             ids = list(conn.execute(pick).scalars())
             if not ids:
                 return []
-            return list(
+            failed = list(
                 conn.execute(
                     r.update()
                     .where(r.c.id.in_(ids), *cond)
@@ -406,6 +409,8 @@ class JobsMixin:
                     .returning(r.c.id)
                 ).scalars()
             )
+        self._cut_off_saves(failed)
+        return failed
 
     def touch_run(self, run_id: str) -> bool:
         """A running run's heartbeat (its `updated_at`); False once it is no longer running."""
@@ -420,19 +425,20 @@ class JobsMixin:
         return hit is not None
 
 
-def save_session_name(claim: str) -> str:
-    """The application_name a save under `claim` gives its server session (within
-    PostgreSQL's 63 characters), so recovery can find and end it."""
-    return f"sketchwalk save {claim}"
+def save_session_name(key: str) -> str:
+    """The application_name a save gives its server session (within PostgreSQL's 63
+    characters), so recovery can find and end it. key: the job's claim token, or the run's
+    id for a run saved outside a job."""
+    return f"sketchwalk save {key}"
 
 
-def name_save_session(conn: Connection, claim: str) -> None:
-    """For this transaction only, name the server session after the claim it saves under
+def name_save_session(conn: Connection, key: str) -> None:
+    """For this transaction only, name the server session after the claim or run it saves
     (PostgreSQL; nothing elsewhere)."""
     if conn.dialect.name == "postgresql":
         conn.execute(
             sa.text("SELECT set_config('application_name', :name, true)"),
-            {"name": save_session_name(claim)},
+            {"name": save_session_name(key)},
         )
 
 

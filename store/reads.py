@@ -112,11 +112,17 @@ class ReadsMixin:
         method: str | None = None,
         limit: int | None = None,
     ) -> pd.DataFrame:
-        """Runs newest first, optionally filtered; config and metrics parsed into dicts."""
+        """Runs newest first, optionally filtered; config and metrics parsed into dicts. A list
+        shows labels: each prompt is cut to LABEL_CHARS (its length in `prompt_chars`), so a
+        store of long prompts lists in little memory; `same_prompt_runs` and `runs_containing`
+        ask the database about the whole texts."""
         r = schema.runs
-        stmt = sa.select(*(r.c[name] for name in LIST_COLUMNS)).order_by(
-            r.c.created_at.desc(), r.c.id
-        )
+        cols = [r.c[name] for name in LIST_COLUMNS if name != "prompt"]
+        prompt = [
+            sa.func.substr(r.c.prompt, 1, LABEL_CHARS).label("prompt"),
+            sa.func.length(r.c.prompt, type_=sa.Integer).label("prompt_chars"),
+        ]
+        stmt = sa.select(*cols, *prompt).order_by(r.c.created_at.desc(), r.c.id)
         if status is not None:
             stmt = stmt.where(r.c.status == status)
         if model is not None:
@@ -191,6 +197,22 @@ class ReadsMixin:
         )
         with self._connect() as conn:
             return bool(conn.execute(stmt).scalar())
+
+    def same_prompt_runs(self, run_id: str) -> set[str]:
+        """Ids of the runs whose prompt is this run's (itself included), compared by the
+        database, no prompt read."""
+        r, this = schema.runs, schema.runs.alias("this")
+        stmt = sa.select(r.c.id).where(this.c.id == str(run_id), r.c.prompt == this.c.prompt)
+        with self._connect() as conn:
+            return {str(i) for i in conn.execute(stmt).scalars()}
+
+    def runs_containing(self, text: str) -> set[str]:
+        """Ids of the runs whose prompt contains `text`, ignoring case (searched by the
+        database: a list holds only the prompts' first characters)."""
+        r = schema.runs
+        found = r.c.prompt.icontains(text, autoescape=True)
+        with self._connect() as conn:
+            return {str(i) for i in conn.execute(sa.select(r.c.id).where(found)).scalars()}
 
     def _frame(self, run_id: str, table: sa.Table, stmt: sa.Select) -> pd.DataFrame:
         with self._connect() as conn:

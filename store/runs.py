@@ -186,8 +186,8 @@ class RunsMixin:
         text = jsonio.dumps(extra)  # values JSON cannot hold are refused before any write
         try:
             with self._begin() as conn:
+                name_save_session(conn, run_id if job is None else job[1])
                 if job is not None:
-                    name_save_session(conn, job[1])
                     self.check_claim(conn, job[0], job[1])  # type: ignore[attr-defined]
                 stored = _running_timings(conn, run_id)
                 merged = jsonio.dumps({**stored, **jsonio.loads(text)})
@@ -243,8 +243,8 @@ class RunsMixin:
                 fields,
             )
             with self._begin() as conn:
-                if job is not None:  # named for recovery to end; a job already lost streams nothing
-                    name_save_session(conn, job[1])
+                name_save_session(conn, run_id if job is None else job[1])  # for recovery to end
+                if job is not None:  # a job already lost streams nothing
                     self.check_claim(conn, job[0], job[1])  # type: ignore[attr-defined]
                 self._delete_rows(conn, run_id, keep_run=True)
                 key = {"run_id": run_id}

@@ -327,14 +327,28 @@ class Worker:
                 log.exception("worker %s: error while taking jobs", self.name)
                 self._stop.wait(min(5.0, 5 * self.settings.poll_s))
 
-    def start(self) -> Worker:
-        """Recover jobs of a previous life, then serve in a daemon thread."""
+    def warm(self) -> None:
+        """Load the model a job naming none gets, before a job asks for it: the app's first run
+        then does not wait for the load. A failure is logged; the first job tries again."""
+        try:
+            model = access.load().job_model(None)
+            self.models.get(model, self.settings.dtype, self.settings.device)
+        except Exception as exc:
+            log.warning("worker %s: the default model did not load ahead: %s", self.name, exc)
+
+    def start(self, warm: bool = False) -> Worker:
+        """Recover jobs of a previous life, then serve in a daemon thread (loading the default
+        model first when `warm`)."""
         if self._thread is not None and self._thread.is_alive():
             return self
         self.recovered = recover(self.store, self.name, self.settings.job_max_attempts)
-        self._thread = threading.Thread(
-            target=self.serve, name=f"sketchwalk-{self.name}", daemon=True
-        )
+
+        def main() -> None:
+            if warm:
+                self.warm()
+            self.serve()
+
+        self._thread = threading.Thread(target=main, name=f"sketchwalk-{self.name}", daemon=True)
         self._thread.start()
         return self
 

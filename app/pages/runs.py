@@ -97,7 +97,7 @@ if status:
 if method:
     view = view[view["Method"].isin(method)]
 if text:
-    view = view[runs.loc[view.index, "prompt"].str.contains(text, case=False, regex=False)]
+    view = view[runs.loc[view.index, "id"].isin(store.runs_containing(text))]
 st.caption(f"{len(view)} of {widgets.plural(len(runs), 'run')}; click a column header to sort.")
 st.dataframe(view, hide_index=True, key="runs_table")
 

@@ -168,7 +168,11 @@ def _recorded(rid: str) -> float | None:
 
 
 points, left_out = sweep.sweep(
-    runs, run, lambda rid: widgets.run_meta(url, rid).get("timings") or {}, _recorded
+    runs,
+    run,
+    store.same_prompt_runs(run["id"]),
+    lambda rid: widgets.run_meta(url, rid).get("timings") or {},
+    _recorded,
 )
 if len(points) >= 2:
     st.plotly_chart(figures.sweep_figure(points), key="speed_sweep")

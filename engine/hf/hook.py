@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from sketchwalk.engine.hf.session import current_session
+from sketchwalk.engine.hf.session import current_session, in_dense_context
 
 NAME = "sketch_walk"
 
@@ -20,6 +21,10 @@ def sketch_walk_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention interface: q [B,H,Lq,D], k/v [B,Hkv,Lk,D] -> out [B,Lq,H,D]."""
+    if in_dense_context():  # a run's dense side beside a sparse one (session.dense_context)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     session = current_session()
     session.bind_model(getattr(module, "config", None))  # once per session: reads the profile

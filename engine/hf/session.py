@@ -493,6 +493,27 @@ def bind_session(session: Session) -> Iterator[Session]:
         _current.reset(token)
 
 
+_dense: contextvars.ContextVar[bool] = contextvars.ContextVar("sketch_walk_dense", default=False)
+
+
+@contextlib.contextmanager
+def dense_context() -> Iterator[None]:
+    """Inside: this context's attention calls run the model's own SDPA attention, the function
+    and masks of attn_implementation="sdpa". A run's dense side then shares the loaded model
+    with a sparse session in another thread (the implementation is the model's, not the
+    thread's)."""
+    token = _dense.set(True)
+    try:
+        yield
+    finally:
+        _dense.reset(token)
+
+
+def in_dense_context() -> bool:
+    """Whether this context's attention calls are dense_context's."""
+    return _dense.get()
+
+
 def current_session() -> Session:
     """The bound session; outside any, an implicit one with default config for this context."""
     session = _current.get()

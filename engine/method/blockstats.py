@@ -1,6 +1,5 @@
-"""Exact block attention mass and the metrics that compare estimates and selections against it.
-
-This is the ground truth the explorer shows beside the sketch: it needs the full softmax, so it
+"""Exact block attention mass: the ground truth that estimates and selections are compared
+against, and that the explorer shows beside the sketch. It needs the full softmax, so it
 costs as much as dense attention and is only computed when recording (see Recorder limits).
 """
 
@@ -110,19 +109,3 @@ def _exact_fused(
     counts = torch.full((nq,), float(b))
     counts[-1] = lq - (nq - 1) * b
     return out / counts[None, None, :, None]
-
-
-def tv_distance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Total-variation distance between distributions along the last dim."""
-    return 0.5 * (p - q).abs().sum(-1)
-
-
-def mass_recall(exact: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
-    """Share of true attention mass that falls in the selected blocks, per row."""
-    return (exact * selected.to(exact.dtype)).sum(-1)
-
-
-def row_mean(values: torch.Tensor, rows: torch.Tensor) -> float:
-    """Mean of per-row values over the rows that hold real queries."""
-    w = rows.to(values.dtype)
-    return float((values * w).sum() / w.sum().clamp(min=1.0))

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from sketchwalk.engine.method.blockstats import mass_recall, row_mean, tv_distance
 from sketchwalk.engine.method.pipeline import LayerPlan
 from sketchwalk.engine.method.select import selection_mask
 from sketchwalk.engine.run.records import LayerRecord, group_phase
@@ -86,26 +85,30 @@ class Recorder:
         return lk <= self.options.exact_max_tokens
 
     def record(self, obs: LayerStep) -> None:
-        """One record for batch element 0; group dimensions are averaged (selected: any group)."""
+        """One record for batch element 0; group dimensions are averaged (selected: any group).
+
+        The layer's block tensors are copied to the host once, and the metrics are computed on
+        those copies in numpy: a decode step's rows are one query block by n, where each torch
+        op would cost more in dispatch than in arithmetic."""
         if not self.observes(obs.phase):
             return
         plan, q, block_size, timings = obs.plan, obs.q, obs.block_size, obs.timings
         n = -(-obs.k.shape[2] // block_size)
-        kv0 = obs.key_valid[:1]
-        exact = None if obs.exact is None else obs.exact[:1]
-        groups = self._groups(plan, n)
-        exact_g = exact.float()[0] if exact is not None else None  # [G, rows, n]
-        exact = None if exact is None else exact.float().mean(1)[0]  # [rows, n]
-        rows = exact.shape[0] if exact is not None else -(-q.shape[2] // block_size)
+        exact_t = None if obs.exact is None else obs.exact[:1].float()  # [1, G, rows, n]
+        rows = exact_t.shape[2] if exact_t is not None else -(-q.shape[2] // block_size)
         q_blocks = np.arange(n - rows, n)
-        real = self._real_rows(kv0, q.shape[2], block_size, rows)
-        a = w = sel = None
+        real = _np(self._real_rows(obs.key_valid[:1], q.shape[2], block_size, rows))
+        exact_g, exact = _group_and_mean(exact_t)
+        a_g = w_g = sel_g = a = w = sel = None
         if plan is not None:
-            a = plan.estimate[:1].float().mean(1)[0] if plan.estimate is not None else None
+            a_g, a = _group_and_mean(
+                plan.estimate[:1].float() if plan.estimate is not None else None
+            )
             w_all = _walk_scores(plan)
-            w = w_all[:1].float().mean(1)[0] if w_all is not None else None
+            w_g, w = _group_and_mean(w_all[:1].float() if w_all is not None else None)
             if plan.selection is not None:
-                sel = selection_mask(plan.selection, n)[:1].any(1)[0]
+                sel_g = _np(selection_mask(plan.selection, n)[0])  # [G, rows, n]
+                sel = sel_g.any(0)
             if plan.alternative is not None and plan.selection is not None:
                 self.walk_effect.append(
                     {"layer": obs.layer, **walk_effect_of(plan, n, exact_g, real)}
@@ -117,10 +120,10 @@ class Recorder:
             dense=plan is None or plan.selection is None,
             n_blocks=n,
             q_blocks=q_blocks,
-            sketch=_np(a),
-            walk=_np(w),
-            exact=_np(exact),
-            selected=_np(sel),
+            sketch=a,
+            walk=w,
+            exact=exact,
+            selected=sel,
             density_target=obs.density_target,
             density_achieved=plan.selection.density
             if plan is not None and plan.selection is not None
@@ -131,42 +134,27 @@ class Recorder:
             t_attention_ms=timings.get("attention"),
             t_dense_ms=timings.get("dense"),
         )
-        if exact is not None:
-            if a is not None:
-                rec.sketch_error = row_mean(tv_distance(a, exact), real)
-            if w is not None:
-                rec.walk_error = row_mean(
-                    tv_distance(w / w.sum(-1, keepdim=True).clamp(min=1e-30), exact), real
-                )
-            if sel is not None:
-                rec.mass_recall = row_mean(mass_recall(exact, sel), real)
+        _score_against(rec, exact, a, w, sel, real)
         self.layers.append(rec)
-        if groups > 1:
-            self._group_records(rec, plan, exact_g, real)
-
-    def _groups(self, plan: LayerPlan | None, n: int) -> int:
-        """How many per-group records this layer gets (0: none)."""
-        if plan is None or plan.selection is None:
-            return 0
-        g = int(selection_mask(plan.selection, n).shape[1])
-        return g if g > 1 and n <= self.options.group_max_blocks else 0
+        if sel_g is not None and sel_g.shape[0] > 1 and n <= self.options.group_max_blocks:
+            if exact_g is not None and exact_g.shape[0] != sel_g.shape[0]:
+                exact_g = None  # pooled otherwise than the groups selected
+            self._group_records(rec, sel_g, a_g, w_g, exact_g, real)
 
     def _group_records(
-        self, rec: LayerRecord, plan: LayerPlan, exact_g: torch.Tensor | None, real: torch.Tensor
+        self,
+        rec: LayerRecord,
+        sel_g: np.ndarray,
+        a_g: np.ndarray | None,
+        w_g: np.ndarray | None,
+        exact_g: np.ndarray | None,
+        real: np.ndarray,
     ) -> None:
+        """One record per KV-head group of a layer that selected per group ([G, rows, n] each)."""
         n = rec.n_blocks
-        sel = selection_mask(plan.selection, n)[0]  # [G, rows, n]
-        causal = torch.as_tensor(
-            np.arange(n)[None, :] <= np.asarray(rec.q_blocks)[:, None], device=sel.device
-        )
-        w_all = _walk_scores(plan)
-        for g in range(sel.shape[0]):
-            a = plan.estimate[0, g].float() if plan.estimate is not None else None
-            w = w_all[0, g].float() if w_all is not None else None
-            ex = None
-            if exact_g is not None and exact_g.shape[0] == sel.shape[0]:
-                ex = exact_g[g]
-            kept = sel[g] & causal
+        causal = np.arange(n)[None, :] <= np.asarray(rec.q_blocks)[:, None]
+        achieved = (sel_g & causal).sum((1, 2)) / max(int(causal.sum()), 1)
+        for g in range(sel_g.shape[0]):
             grec = LayerRecord(
                 phase=group_phase(rec.phase, g),
                 step=rec.step,
@@ -174,20 +162,14 @@ class Recorder:
                 dense=False,
                 n_blocks=n,
                 q_blocks=rec.q_blocks,
-                sketch=_np(a),
-                walk=_np(w),
-                exact=_np(ex),
-                selected=_np(sel[g]),
+                sketch=None if a_g is None else a_g[g],
+                walk=None if w_g is None else w_g[g],
+                exact=None if exact_g is None else exact_g[g],
+                selected=sel_g[g],
                 density_target=rec.density_target,
-                density_achieved=float(kept.sum() / causal.sum().clamp(min=1)),
+                density_achieved=float(achieved[g]),
             )
-            if ex is not None:
-                grec.mass_recall = row_mean(mass_recall(ex, sel[g]), real)
-                if w is not None:
-                    w_norm = w / w.sum(-1, keepdim=True).clamp(min=1e-30)
-                    grec.walk_error = row_mean(tv_distance(w_norm, ex), real)
-                if a is not None:
-                    grec.sketch_error = row_mean(tv_distance(a, ex), real)
+            _score_against(grec, grec.exact, grec.sketch, grec.walk, sel_g[g], real)
             self.group_layers.append(grec)
 
     @staticmethod
@@ -196,6 +178,49 @@ class Recorder:
             return torch.ones(1, dtype=torch.bool, device=key_valid.device)
         qv = torch.nn.functional.pad(key_valid[0, -lq:].float(), (0, rows * block_size - lq))
         return qv.view(rows, block_size).sum(-1) > 0
+
+
+def _group_and_mean(x: torch.Tensor | None) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Batch element 0 of a [1, G, rows, n] tensor on the host: per group, and averaged over
+    the groups (the average taken by torch, as the layer's own record always had it)."""
+    if x is None:
+        return None, None
+    # a copy always: the per-group records keep slices of it, and x may be the plan's own
+    # tensor, which the walk goes on updating
+    return x[0].detach().to("cpu", copy=True).numpy(), _np(x.mean(1)[0])
+
+
+def _tv(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Total-variation distance between distributions along the last axis."""
+    return 0.5 * np.abs(p - q).sum(-1)
+
+
+def _row_mean(values: np.ndarray, rows: np.ndarray) -> float:
+    """Mean of per-row values over the rows that hold real queries."""
+    w = rows.astype(values.dtype)
+    return float((values * w).sum() / max(float(w.sum()), 1.0))
+
+
+def _score_against(
+    rec: LayerRecord,
+    exact: np.ndarray | None,
+    a: np.ndarray | None,
+    w: np.ndarray | None,
+    sel: np.ndarray | None,
+    real: np.ndarray,
+) -> None:
+    """A record's errors against the exact block mass: the estimate's and the (normalised)
+    walk's total-variation distance, and the mass the kept blocks hold, per real row."""
+    if exact is None:
+        return
+    if a is not None:
+        rec.sketch_error = _row_mean(_tv(a, exact), real)
+    if w is not None:
+        rec.walk_error = _row_mean(
+            _tv(w / np.maximum(w.sum(-1, keepdims=True), 1e-30), exact), real
+        )
+    if sel is not None:
+        rec.mass_recall = _row_mean((exact * sel).sum(-1), real)
 
 
 def _walk_scores(plan: LayerPlan) -> torch.Tensor | None:
@@ -207,25 +232,24 @@ def _walk_scores(plan: LayerPlan) -> torch.Tensor | None:
 
 
 def walk_effect_of(
-    plan: LayerPlan, n: int, exact_g: torch.Tensor | None, real: torch.Tensor
+    plan: LayerPlan, n: int, exact_g: np.ndarray | None, real: np.ndarray
 ) -> dict[str, float | int | bool | None]:
     """What the walk changes in one layer's selection (batch element 0, summed over groups):
     blocks the walk's selection keeps that A_l's alone would not (added) and the reverse
     (dropped), and, where the exact mass was recorded, the mass it gains per real query block
     row (added minus dropped, averaged over the groups). used: the run selected with the walk."""
     alt = plan.alternative
-    mine = selection_mask(plan.selection, n)[0]  # [G, rows, n]
-    other = selection_mask(alt.selection, n)[0]
+    mine = _np(selection_mask(plan.selection, n)[0])  # [G, rows, n]
+    other = _np(selection_mask(alt.selection, n)[0])
     with_walk, without = (other, mine) if alt.walks else (mine, other)
     rows = mine.shape[1]
-    causal = torch.ones(rows, n, dtype=torch.bool, device=mine.device).tril(n - rows)
+    causal = np.tril(np.ones((rows, n), dtype=bool), n - rows)
     added = with_walk & ~without & causal
     dropped = without & ~with_walk & causal
     gain = None
     if exact_g is not None and exact_g.shape[0] == mine.shape[0]:
-        ex = exact_g.to(mine.device)
-        per_row = (ex * added).sum(-1) - (ex * dropped).sum(-1)  # [G, rows]
-        gain = float(per_row[:, real.to(mine.device)].mean()) if bool(real.any()) else 0.0
+        per_row = (exact_g * added).sum(-1) - (exact_g * dropped).sum(-1)  # [G, rows]
+        gain = float(per_row[:, real].mean()) if bool(real.any()) else 0.0
     return {
         "used": not alt.walks,
         "added": int(added.sum()),

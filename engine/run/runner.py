@@ -12,6 +12,7 @@ resident memory in its timings (`peak_rss_mb`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import statistics
 from collections.abc import Callable
@@ -23,9 +24,10 @@ import sketchwalk
 from sketchwalk.engine.clock import now_ms, timed
 from sketchwalk.engine.hf.cache import cache_kwarg, new_cache
 from sketchwalk.engine.hf.hook import NAME
-from sketchwalk.engine.hf.session import sketch_walk_session
+from sketchwalk.engine.hf.session import dense_context, sketch_walk_session
 from sketchwalk.engine.method.config import SketchWalkConfig
 from sketchwalk.engine.method.walk import COUNTERFACTUAL_BETA
+from sketchwalk.engine.run.alongside import Alongside, spare_core
 from sketchwalk.engine.run.memory import PeakMemory
 from sketchwalk.engine.run.metrics import (
     PromptComparison,
@@ -136,11 +138,12 @@ def greedy(
     eos: int | None,
     on_token: Callable[[int], None] | None = None,
     keep_cache: bool = False,
+    on_prefill: Callable[[torch.Tensor], None] | None = None,
 ) -> Decoded:
     """Prefill the prompt, then greedy-decode from the cache, keeping every step's logits.
 
-    The prompt's logits are not kept: its final hidden states are, and the metrics apply the head
-    to them a chunk of positions at a time.
+    The prompt's logits are not kept: its final hidden states are (handed to `on_prefill` as
+    soon as they exist), and the metrics apply the head to them a chunk of positions at a time.
     """
     parts = LMParts.of(model)
     kw = cache_kwarg(parts.body)
@@ -151,6 +154,8 @@ def greedy(
     prompt_hidden = hidden.cpu()
     logits = parts.logits(hidden[-1:])[0]
     del out, hidden
+    if on_prefill is not None:
+        on_prefill(prompt_hidden)
     new_ids: list[int] = []
     new_logits: list[torch.Tensor] = []
     t0 = now_ms(ids.device)
@@ -170,6 +175,43 @@ def greedy(
     stacked = torch.stack(new_logits) if new_logits else torch.empty(0, v)
     kept = cache if keep_cache else None
     return Decoded(prompt_hidden, new_ids, stacked, prefill_ms, decode_ms, parts.logits, kept)
+
+
+def _dense_greedy(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    max_new: int,
+    eos: int | None,
+    on_token: Callable[[int], None],
+) -> Decoded:
+    """The dense side's greedy pass, its cache kept for the judge (up to JUDGE_CACHE_MB). The
+    model may be on either implementation: under "sketch_walk" this context is dense."""
+    with dense_context():
+        dense = greedy(model, ids, max_new, eos, on_token, keep_cache=True)
+    if dense.cache is not None and cache_mb(dense.cache) > JUDGE_CACHE_MB:
+        dense.cache = None  # a long prompt: the judge runs whole, memory stays as it was
+    return dense
+
+
+@torch.no_grad()
+def _compare(
+    parts: LMParts,
+    dense: Decoded,
+    sparse_hidden: torch.Tensor,
+    ids: torch.Tensor,
+    known: torch.Tensor | None,
+    keep: torch.Tensor | None,
+) -> PromptComparison:
+    """The prompt comparison: the dense log-probabilities `known` from an earlier run on the
+    prompt, or computed (and written into `keep` for the next)."""
+    return compare_prompt_chunked(
+        parts.logits,
+        dense.prompt_hidden,
+        sparse_hidden,
+        ids[0].cpu(),
+        dense_logprobs=known,
+        keep_dense=keep,
+    )
 
 
 @dataclass(frozen=True)
@@ -371,62 +413,78 @@ def _run(
         if progress is not None:
             progress(min(done / total, 1.0), msg)
 
-    model.set_attn_implementation("sdpa")
     key = dense_key(ids, opts.max_new_tokens, eos, model)
     memo, lm.dense_memo = lm.dense_memo, None  # a failed run leaves no memo behind
     reused = isinstance(memo, DenseMemo) and memo.key == key
+    known = memo.prompt_logprobs if reused else None
+    # the quality half times nothing side by side: its independent work goes to the spare core
+    alongside = not speed and spare_core(lm.device)
+    parts = LMParts.of(model)
+    dense_side: Alongside[Decoded] | None = None
     if reused:
         dense = memo.dense
         report(1 + opts.max_new_tokens, "dense side of this prompt reused")
-    else:
-        report(0, "dense prefill")
-        dense = greedy(
-            model,
-            ids,
-            opts.max_new_tokens,
-            eos,
-            lambda i: report(1 + i, f"dense token {i}"),
-            keep_cache=True,
+    elif alongside:
+        model.set_attn_implementation(NAME)  # dense_context() makes that thread's calls SDPA
+        dense_side = Alongside(
+            lambda tick: _dense_greedy(model, ids, opts.max_new_tokens, eos, tick),
+            "sketchwalk-dense-side",
         )
-        if dense.cache is not None and cache_mb(dense.cache) > JUDGE_CACHE_MB:
-            dense.cache = None  # a long prompt: the judge runs whole, memory stays as it was
+    else:
+        model.set_attn_implementation("sdpa")
+        report(0, "dense prefill")
+        dense = _dense_greedy(
+            model, ids, opts.max_new_tokens, eos, lambda i: report(1 + i, f"dense token {i}")
+        )
 
     # the quality half times no dense attention per layer: the speed half's clean dense
     # passes do, beside the clean sparse ones (a recorded 2k-token run: ~3 s of dense SDPA)
     rec_opts = opts.recorder if speed else replace(opts.recorder, time_dense=False)
     recorder = Recorder(rec_opts) if opts.record else None
+    compared: list[Alongside[PromptComparison]] = []
+
+    def dense_done() -> int:
+        return dense_side.done if dense_side is not None else 1 + opts.max_new_tokens
 
     def on_layer(phase: str, step: int, layer: int) -> None:
-        base = 1 + opts.max_new_tokens + (step if phase == "decode" else 0)
+        base = dense_done() + (step if phase == "decode" else 0)
         report(base + layer / n_layers, f"sparse {phase} step {step} layer {layer}")
+
+    def on_prefill(hidden: torch.Tensor) -> None:
+        if alongside and known is not None:  # only the sparse side's head is left to run
+            compared.append(
+                Alongside(
+                    lambda _: _compare(parts, dense, hidden, ids, known, None),
+                    "sketchwalk-prompt-comparison",
+                )
+            )
 
     model.set_attn_implementation(NAME)
     try:
-        with sketch_walk_session(cfg, recorder, on_layer, opts.kernel_backend) as session:
-            sparse = greedy(model, ids, opts.max_new_tokens, eos)
+        with contextlib.ExitStack() as running:
+            for side in (dense_side, *compared):
+                if side is not None:
+                    running.enter_context(side)
+            with sketch_walk_session(cfg, recorder, on_layer, opts.kernel_backend) as session:
+                sparse = greedy(model, ids, opts.max_new_tokens, eos, on_prefill=on_prefill)
+            if dense_side is not None:
+                report(passes - 1, "waiting for the dense side")
+                dense = dense_side.result()
+            comparison = compared[0].result() if compared else None
     finally:
         model.set_attn_implementation("sdpa")
 
     # dense judge of the sparse continuation: per-token KL and likelihood of what sparse wrote
     report(passes, "comparing")
-    parts = LMParts.of(model)
     seq = torch.cat([ids[0].cpu(), torch.tensor(sparse.new_ids, dtype=torch.long)])
     judge = judge_logits(parts, ids, dense, sparse.new_ids)
     gen_kl = kl_per_position(judge, sparse.new_logits)
     sparse_by_dense = token_logprobs(judge, seq[n:])
 
     ids_list = ids[0].tolist()
-    known = memo.prompt_logprobs if reused else None
     keep = None if known is not None else dense_logprobs_buffer(parts, n, judge_vocab(dense))
-    with torch.no_grad():
-        comparison = compare_prompt_chunked(
-            parts.logits,
-            dense.prompt_hidden,
-            sparse.prompt_hidden,
-            ids[0].cpu(),
-            dense_logprobs=known,
-            keep_dense=keep,
-        )
+    if comparison is None:
+        comparison = _compare(parts, dense, sparse.prompt_hidden, ids, known, keep)
     # the next density on this prompt starts here
     lm.dense_memo = DenseMemo(key, dense, known if known is not None else keep)
     metrics = comparison.summary()

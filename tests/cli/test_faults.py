@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -315,6 +316,73 @@ def test_a_killed_cli_run_is_failed_by_the_next_process_on_postgresql(
     finally:
         proc.kill()
     assert run["status"] == "failed" and "no heartbeat" in run["error"]
+
+
+def _save_session(store, run_id: str) -> tuple[str, str] | None:
+    """(state, query) of the server session saving run_id, or None once it is gone."""
+    from sketchwalk.store.jobs import save_session_name
+
+    with store.engine.connect() as conn:
+        row = conn.execute(
+            sa.text("SELECT state, query FROM pg_stat_activity WHERE application_name = :n"),
+            {"n": save_session_name(run_id)},
+        ).first()
+    return None if row is None else (row[0], row[1])
+
+
+@pytest.mark.heavy
+def test_a_cli_run_frozen_inside_its_copy_is_cut_off_by_the_next_process(
+    tiny_model_dir, tmp_path, pg_url, monkeypatch, capsys
+):
+    """A plain `sketchwalk run` stopped (SIGSTOP) while the server waits for its COPY data,
+    where PostgreSQL applies no statement timeout: once its heartbeat is stale, the next
+    `sketchwalk runs` fails the run and ends its server session. Nobody else reruns a plain
+    run: revived, it finds its connection gone, retries the save and stores the run whole."""
+    log = tmp_path / "run.log"
+    cmd = [sys.executable, str(Path(__file__).parents[1] / "frozen_save.py")]
+    cmd += [*_run(pg_url, tiny_model_dir, PROMPT), "--max-new-tokens", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    try:
+        with open_store(pg_url) as store:
+            _wait_until(lambda: _stopped(proc.pid) or proc.poll() is not None, "the freeze")
+            (run_id,) = store.run_ids()
+            state, query = _save_session(store, run_id) or ("gone", "")
+            assert (state, query[:5]) == ("active", "COPY "), (state, query, log.read_text())
+            monkeypatch.setenv("SKETCHWALK_RUN_STALE_S", "0.5")
+            _wait_until(
+                lambda: (
+                    main(["runs", "--db", pg_url, "--status", "failed", "--json"]) == 0
+                    and run_id in capsys.readouterr().out
+                ),
+                "`sketchwalk runs` to fail the frozen run",
+                timeout=30,
+            )
+            assert _save_session(store, run_id) is None  # its session was ended
+            assert _stopped(proc.pid)  # all of that while it stayed frozen
+            failed = store.get_run(run_id)
+            proc.send_signal(signal.SIGCONT)
+            rc = proc.wait(60)
+            run = store.get_run(run_id)
+            with store.engine.connect() as conn:
+                counts = {
+                    t.name: conn.execute(
+                        sa.select(sa.func.count()).select_from(t).where(t.c.run_id == run_id)
+                    ).scalar()
+                    for t in (sch.layer_stats, sch.block_scores, sch.blocks, sch.tokens)
+                }
+    finally:
+        proc.kill()
+    out = log.read_text()
+    assert failed["status"] == "failed" and "no heartbeat" in failed["error"]
+    assert rc == 0 and "Traceback" not in out, out
+    assert "the connection is lost; nothing of the run was stored); retrying" in out
+    assert (run["status"], run["error"]) == ("done", None)
+    assert all(counts.values()), counts  # every table of the run, written by the retry
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the kernel has the process stopped (state 'T')."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
 # ---- --db names a database, or nothing is written ----------------------------------------

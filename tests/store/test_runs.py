@@ -13,6 +13,7 @@ from store_fixtures import REQUEST, count_rows, make_result, saved_run
 from sketchwalk.engine.run.records import LayerRecord
 from sketchwalk.store import InvalidResultError, UnknownRunError
 from sketchwalk.store.frames import LAYER_SCALARS
+from sketchwalk.store.reads import LABEL_CHARS
 
 MATRICES = ("sketch", "walk", "exact", "selected")
 
@@ -145,6 +146,20 @@ def test_list_runs_filters_and_order(store):
     assert store.list_runs(status="running").empty
     assert df.loc[df.id == first, "error"].item() == "boom"
     assert df.loc[df.id == first, "config"].item()["density"] == 0.2
+
+
+def test_list_runs_cuts_prompts_and_the_database_compares_them_whole(store):
+    """A list reads each prompt's first LABEL_CHARS; equality and search see the whole text."""
+    head = "x" * LABEL_CHARS
+    a = store.create_run({**REQUEST, "prompt": head + "tail 50%_A"})
+    b = store.create_run({**REQUEST, "prompt": head + "tail 50%_B"})
+    c = store.create_run({**REQUEST, "prompt": head + "tail 50%_A"})
+    listed = store.list_runs().set_index("id")
+    assert set(listed["prompt"]) == {head}  # cut: the three look alike in the list
+    assert listed.loc[a, "prompt_chars"] == LABEL_CHARS + 10
+    assert store.same_prompt_runs(a) == {a, c} and store.same_prompt_runs(b) == {b}
+    assert store.runs_containing("50%_b") == {b}  # case ignored; % and _ are literal
+    assert store.runs_containing("0%") == {a, b, c} and store.runs_containing("5_%") == set()
 
 
 def test_set_status_validates(store):

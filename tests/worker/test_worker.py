@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from run_helpers import tiny_config
@@ -12,6 +14,8 @@ from run_helpers import tiny_config
 from sketchwalk.settings import load
 from sketchwalk.store import open_store
 from sketchwalk.worker.loop import RESTART_REASON, Worker, make_request
+
+HERE = Path(__file__).resolve().parent
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 12
 
@@ -318,9 +322,9 @@ def test_a_standalone_worker_sizes_torch_threads(tmp_path):
     with open_store(db) as s:
         job_id = s.enqueue_job({"prompt": "threads"})
     env = {
-        **__import__("os").environ,
+        **os.environ,
         "SKETCHWALK_THREADS": "3",  # torch's own default is the core count
-        "PYTHONPATH": str(__import__("pathlib").Path(__file__).parent),
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)]),  # worker_jobs, frozen_save
     }
     cmd = [sys.executable, "-m", "sketchwalk.cli.main", "worker", "--db", db, "--once"]
     proc = subprocess.run(
@@ -364,11 +368,9 @@ def test_two_workers_race_on_an_eval_job_and_only_its_owner_writes(
 
 
 def test_a_new_job_kind_is_one_function_and_one_registry_line(store, monkeypatch):
-    from pathlib import Path
-
     from sketchwalk.worker import kinds
 
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(HERE))
     monkeypatch.setitem(kinds.KINDS, "echo", "worker_jobs:echo_kind")  # the one line
     echo = store.enqueue_job({"kind": "echo", "text": "hello"})
     unknown = store.enqueue_job({"kind": "frobnicate", "prompt": "x"})
@@ -439,3 +441,35 @@ def test_failed_clean_passes_keep_the_quality_half_and_say_so(
         "the clean timing passes failed: RuntimeError: out of memory"
     )
     assert not store.layer_stats(job.run_id).empty
+
+
+def test_a_warm_worker_loads_the_default_model_before_any_job(
+    store, tiny_model, tmp_path, monkeypatch
+):
+    """start(warm=True) (what `sketchwalk app` asks for) loads the deployment's default model
+    before a job comes; the first job then finds it loaded. A model that cannot load is only
+    logged: the worker serves on."""
+    from sketchwalk.worker.loop import ModelCache
+
+    models = ModelCache(2)  # its own: loads counted from zero
+    _listed_only(tmp_path, monkeypatch, tiny_model)
+    worker = Worker(store, models=models).start(warm=True)
+    try:
+        deadline = time.monotonic() + 120
+        while models.loads == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert models.loads == 1
+        job_id = store.enqueue_job(make_request(TEXT, tiny_config(), None, 2))
+        worker.wake()
+        while store.get_job(job_id).status not in ("done", "failed"):
+            assert time.monotonic() < deadline, "the job did not finish"
+            time.sleep(0.05)
+        assert store.get_job(job_id).status == "done" and models.loads == 1
+    finally:
+        worker.stop()
+    broken = tmp_path / "broken.toml"
+    broken.write_text('[models]\n[models.allowed]\nbad = "/no/such/model"\n')
+    monkeypatch.setenv("SKETCHWALK_APP_CONFIG", str(broken))
+    other = Worker(store, models=models)
+    other.warm()  # logged, not raised
+    assert models.loads == 1

@@ -33,7 +33,9 @@ class WorkerProc:
         self.log = tmp / f"worker-{tag}.log"
         environ = dict(
             os.environ,
-            PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+            PYTHONPATH=os.pathsep.join(
+                [str(HERE), str(HERE.parent), os.environ.get("PYTHONPATH", "")]
+            ),
             SKETCHWALK_POLL_S="0.1",
             SKETCHWALK_HEARTBEAT_S="0.3",
             **env,

@@ -11,11 +11,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
-import pyarrow.csv as pacsv
+from frozen_save import stopped_inside_copy
 
 from sketchwalk.engine.run.records import BlockSpan, LayerRecord, RunResult, TokenRecord
 from sketchwalk.worker.loop import run_job_kind
@@ -76,29 +74,6 @@ def freeze_in_save(worker, job) -> None:
         store.save_result(run_id, small_result(job.id), job=fence)
     finally:
         store.__dict__.pop("_insert", None)
-
-
-@contextmanager
-def stopped_inside_copy(active: bool) -> Iterator[None]:
-    """While active, the first CSV buffer written for a COPY stops this process (a real SIGSTOP)
-    inside `cursor.copy()`: the server has the COPY ... FROM STDIN and waits for its data."""
-    if not active:
-        yield
-        return
-    real = pacsv.write_csv
-    stopped: list[bool] = []
-
-    def write_then_stop(*args, **kwargs):
-        if not stopped:
-            stopped.append(True)
-            os.kill(os.getpid(), signal.SIGSTOP)  # frozen here until SIGCONT
-        return real(*args, **kwargs)
-
-    pacsv.write_csv = write_then_stop
-    try:
-        yield
-    finally:
-        pacsv.write_csv = real
 
 
 def freeze_in_copy(worker, job, write: str) -> None:

@@ -5,11 +5,12 @@ import torch
 from tiny_models import tiny_llama
 
 from sketchwalk.engine.hf.cache import cache_kwarg
-from sketchwalk.engine.hf.session import current_session, sketch_walk_session
+from sketchwalk.engine.hf.session import current_session, dense_context, sketch_walk_session
 from sketchwalk.engine.method.config import SketchWalkConfig
 from sketchwalk.engine.run.recorder import Recorder
 
 FULL = dict(density=1.0, block_size=16, dense_layers=(), dense_tail_blocks=0)
+SPARSE = SketchWalkConfig(density=0.3, block_size=16, dense_layers=(), dense_tail_blocks=0)
 
 
 def logits(model, ids, impl, cfg=None, recorder=None, **kw):
@@ -29,6 +30,28 @@ def test_density_one_equals_dense_model(heads, kv_heads, length):
     dense = logits(model, ids, "sdpa")
     sparse = logits(model, ids, "sketch_walk", SketchWalkConfig(**FULL))
     assert torch.allclose(dense, sparse, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("length", [80, 101])
+def test_a_dense_context_is_the_models_own_sdpa_bit_for_bit(length):
+    """Under "sketch_walk", a thread in dense_context() runs SDPA exactly (a run's dense side
+    shares the model with a sparse session in another thread); another thread stays sparse."""
+    import threading
+
+    model = tiny_llama(heads=6, kv_heads=2)
+    ids = torch.randint(1, 128, (1, length))
+    dense = logits(model, ids, "sdpa")
+    model.set_attn_implementation("sketch_walk")
+    with torch.no_grad(), dense_context():
+        beside = model(ids).logits
+        elsewhere: list[torch.Tensor] = []
+        other = threading.Thread(
+            target=lambda: elsewhere.append(logits(model, ids, "sketch_walk", SPARSE))
+        )
+        other.start()
+        other.join()
+    assert torch.equal(dense, beside)
+    assert not torch.allclose(dense, elsewhere[0], atol=1e-4)  # no context there: sparse
 
 
 def test_density_one_generation_is_identical_and_decode_is_recorded():

@@ -173,3 +173,74 @@ def test_the_speed_half_times_each_layers_dense_attention(tiny):
     sparse = [r for r in res.layers if r.phase == "prefill" and not r.dense]
     assert with_layer_dense(res.layers, layer_dense) == len(sparse) > 0
     assert all(r.t_dense_ms == layer_dense[r.layer] for r in sparse)
+
+
+def _two_densities(tiny, monkeypatch, spare: bool):
+    """A new prompt at 0.5, then the same prompt at 0.3 (its dense side reused), with or
+    without a spare core; the names of the threads the runner started beside it."""
+    from sketchwalk.engine.run import runner as runner_mod
+    from sketchwalk.engine.run.alongside import Alongside as real
+
+    monkeypatch.setattr(runner_mod, "spare_core", lambda device: spare)
+    names: list[str] = []
+    monkeypatch.setattr(
+        runner_mod, "Alongside", lambda work, name: names.append(name) or real(work, name)
+    )
+    tiny.dense_memo = None
+    prompt, opts = license_text()[:900], RunOptions(max_new_tokens=3)
+    runs = [
+        run(tiny, prompt, SketchWalkConfig(block_size=16, density=d), opts, speed=False)
+        for d in (0.5, 0.3)
+    ]
+    return runs, names
+
+
+def test_the_quality_half_on_a_spare_core_gives_what_it_gives_in_turn(tiny, monkeypatch):
+    """With a core to spare, the dense side of a new prompt and the prompt comparison of a
+    known one run in a second thread beside the sparse side: the same generations, metrics,
+    tokens and per-layer records as one after the other."""
+    in_turn, none = _two_densities(tiny, monkeypatch, spare=False)
+    beside, names = _two_densities(tiny, monkeypatch, spare=True)
+    assert none == [] and names == ["sketchwalk-dense-side", "sketchwalk-prompt-comparison"]
+    for a, b in zip(in_turn, beside, strict=True):
+        assert (a.dense_text, a.sparse_text) == (b.dense_text, b.sparse_text)
+        assert a.metrics == b.metrics
+        assert a.tokens == b.tokens
+        assert len(a.layers) == len(b.layers)
+        for ra, rb in zip(a.layers, b.layers, strict=True):
+            assert (ra.phase, ra.step, ra.layer) == (rb.phase, rb.step, rb.layer)
+            for name in ("sketch", "walk", "exact", "selected"):
+                x, y = getattr(ra, name), getattr(rb, name)
+                assert (x is None) == (y is None) and (x is None or (x == y).all()), name
+
+
+def test_a_failing_side_fails_the_run_and_stops_the_other(tiny, monkeypatch):
+    """The dense side's error is the run's; a sparse side that fails (a cancelled job raises
+    from its progress report) stops the dense side at its next token and leaves no thread."""
+    import threading
+
+    from sketchwalk.engine.run import runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "spare_core", lambda device: True)
+    prompt, cfg = license_text()[:700], SketchWalkConfig(block_size=16, density=0.3)
+    opts = RunOptions(max_new_tokens=40)
+
+    def broken(*args):
+        raise RuntimeError("dense side broke")
+
+    with monkeypatch.context() as m:
+        m.setattr(runner_mod, "_dense_greedy", broken)
+        tiny.dense_memo = None
+        with pytest.raises(RuntimeError, match="dense side broke"):
+            run(tiny, prompt, cfg, opts, speed=False)
+
+    def cancel(fraction: float, message: str) -> None:
+        if message.startswith("sparse decode"):
+            raise KeyboardInterrupt("cancelled")
+
+    tiny.dense_memo = None
+    with pytest.raises(KeyboardInterrupt):
+        run(tiny, prompt, cfg, opts, progress=cancel, speed=False)
+    sides = ("sketchwalk-dense-side", "sketchwalk-prompt-comparison")
+    assert not [t for t in threading.enumerate() if t.name in sides]
+    assert tiny.dense_memo is None  # a failed run leaves no memo

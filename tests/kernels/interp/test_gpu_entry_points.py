@@ -38,6 +38,7 @@ PER_LAYER = {
 PER_RUN = {
     ("engine/run/runner.py", "greedy"),
     ("engine/run/runner.py", "_run"),
+    ("engine/run/runner.py", "_compare"),  # the prompt's ids on the host, for the comparison
     ("engine/run/runner.py", "forward_hidden"),
     ("engine/run/runner.py", "judge_logits"),  # the dense judge's logits of the continuation
     ("engine/run/runner.py", "dense_key"),  # the prompt's ids hashed once: the dense side's memo
@@ -50,9 +51,7 @@ PER_RUN = {
 # what recording costs (per layer, by design: the records are host numpy arrays)
 RECORDER = {
     ("engine/run/recorder.py", "_np"),
-    ("engine/run/recorder.py", "_group_records"),
-    ("engine/run/recorder.py", "walk_effect_of"),  # the walk's added / dropped counts and mass
-    ("engine/method/blockstats.py", "row_mean"),
+    ("engine/run/recorder.py", "_group_and_mean"),  # a layer's per-group scores, copied
     ("kernels/lists.py", "density"),  # a selection's achieved density
 }
 CALIBRATION = {("engine/method/layer_profile.py", "allocate"), ("engine/method/select.py", "of")}

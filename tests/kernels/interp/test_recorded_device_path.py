@@ -48,9 +48,7 @@ SELECTION = {  # a selection's host reads (test_engine_device_path.py says why)
 }
 RECORDER = {  # the recorder's copies to the host and its scalar metrics
     ("engine/run/recorder.py", "_np"),
-    ("engine/run/recorder.py", "_group_records"),
-    ("engine/run/recorder.py", "walk_effect_of"),  # the walk's added / dropped counts and mass
-    ("engine/method/blockstats.py", "row_mean"),
+    ("engine/run/recorder.py", "_group_and_mean"),  # a layer's per-group scores, copied
     ("kernels/lists.py", "density"),  # a selection's achieved density
 }
 

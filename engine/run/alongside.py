@@ -1,0 +1,79 @@
+"""Work run on the spare core while this thread runs the sparse side of a run.
+
+The app's worker runs torch on one core fewer than the machine has, leaving one to the UI: an
+OpenMP team that needs a core someone else holds stalls at every parallel region. A second,
+independent stream has no such barrier: it shares no parallel region with this thread, so a
+busy core slows it down and nothing more. The quality half uses one for the work that does
+not depend on the sparse side's progress: the dense side of a new prompt, and the prompt
+comparison of a prompt whose dense side is known (it needs only the sparse prefill).
+
+Only where it cannot bend a measurement: the caller times nothing side by side while it runs
+(the quality half; its speed half times clean passes alone).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Generic, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def spare_core(device: torch.device) -> bool:
+    """Whether a second CPU stream gets a core of its own: work on the CPU, with torch's
+    threads fewer than the machine's cores."""
+    return device.type == "cpu" and torch.get_num_threads() < (os.cpu_count() or 1)
+
+
+class _Stopped(Exception):
+    """Raised inside the second thread at its next tick once this side has failed."""
+
+
+class Alongside(Generic[T]):
+    """`work(tick)` run in a second thread from construction on. `tick(n)` is its progress
+    (read here as `done`; it never reports anywhere itself: progress and cancellation stay with
+    this thread); the result, or the work's exception, comes from `result()`. Leaving the block
+    with an exception stops the work at its next tick and waits for it."""
+
+    def __init__(self, work: Callable[[Callable[[int], None]], T], name: str) -> None:
+        self.done = 0
+        self._stop = threading.Event()
+        self._out: list[T] = []
+        self._error: list[BaseException] = []
+        self._thread = threading.Thread(target=self._main, args=(work,), name=name, daemon=True)
+        self._thread.start()
+
+    def _tick(self, n: int) -> None:
+        if self._stop.is_set():
+            raise _Stopped
+        self.done = n
+
+    def _main(self, work: Callable[[Callable[[int], None]], T]) -> None:
+        try:
+            self._out.append(work(self._tick))
+        except BaseException as exc:  # handed to result(); a stopped work's is dropped
+            self._error.append(exc)
+
+    def result(self) -> T:
+        self._thread.join()
+        if self._error:
+            raise self._error[0]
+        return self._out[0]
+
+    def __enter__(self) -> Alongside[T]:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if kind is not None:
+            self._stop.set()
+            self._thread.join()
