@@ -226,9 +226,8 @@ def _flex_peer(q, k, v, cfg, backend, device) -> tuple[Callable[[], object], dic
     from sketchwalk.engine.method.pipeline import prefill_selection
     from sketchwalk.kernels import flex
 
-    sel = prefill_selection(q, k, cfg, 5)
+    lists = prefill_selection(q, k, cfg, 5)
     t = q.shape[2]
-    lists = sel.lists(cfg.block_size)
     mask, mask_ms = timed(lambda: flex.block_mask(lists, q.shape[1], t, t), device)
     ours = block_sparse_attention(q, k, v, lists, backend=backend)
     theirs = flex.flex_attend(q, k, v, mask)  # compiles on first use

@@ -234,5 +234,7 @@ def block_sparse_attention(
     backend: str | None = None,
 ) -> torch.Tensor:
     """Attention of q over the key blocks each query block (or tile) lists, by the backend of
-    q's device; returns [B, H, Lq, D] in q's dtype."""
+    q's device; returns [B, H, Lq, D] in q's dtype. Lists over other key blocks than k's are
+    refused (BlockLists.check_keys)."""
+    lists.check_keys(k.shape[2])
     return backend_for(q.device, backend).attend(q, k, v, lists, causal, scale)

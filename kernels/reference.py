@@ -72,6 +72,7 @@ def block_sparse_attention_reference(
     """Materialises scores and the token mask in fp32: exact, slow, O(Lq * Lk) memory."""
     bsz, h, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
+    lists.check_keys(lk)
     g = lists.groups
     scale = d**-0.5 if scale is None else scale
     mask = token_mask(

@@ -33,11 +33,10 @@ from sketchwalk.engine.method.decode import (
 )
 from sketchwalk.engine.method.layer_profile import layer_densities
 from sketchwalk.engine.method.pipeline import LayerPlan, layer_exact, prefill_plan, sparse_attention
-from sketchwalk.engine.method.select import BlockSelection
 from sketchwalk.engine.method.sketch import SRHT, make_srht
 from sketchwalk.engine.method.step import StepPlan
 from sketchwalk.engine.run.recorder import LayerStep, Recorder
-from sketchwalk.kernels import backend_for, use_backend
+from sketchwalk.kernels import BlockLists, backend_for, use_backend
 
 Exact = torch.Tensor | None  # a layer step's exact block mass, where it was computed
 Outcome = tuple[LayerPlan | None, torch.Tensor, Duration]  # a layer step's plan, output and its ms
@@ -425,7 +424,7 @@ class Session:
         return out, ms
 
     def _decode_kept(
-        self, call: LayerCall, sel: BlockSelection, seq_start: torch.Tensor | None
+        self, call: LayerCall, sel: BlockLists, seq_start: torch.Tensor | None
     ) -> torch.Tensor | None:
         """Decode with a selection kept across steps, through the backend's DecodeKeeper
         (kernels/backends.py; the CPU's gathers its K/V once); None where the backend keeps
@@ -435,11 +434,10 @@ class Session:
         if st is None or keeper is None:
             return None
         b = self.cfg.block_size
-        lists = sel.lists(b).starting_at(seq_start)
-        prev = None if st.extended_from is None else st.extended_from.lists(b)
+        lists = sel.starting_at(seq_start)  # the selection's own index tensor: told by identity
         spare_blocks = 2 + -(-self.cfg.decode_reselect // b)  # blocks it may cross
         q, k, v = call.q, call.k, call.v
-        st.gathered = keeper.plan(st.gathered, q, k, v, lists, prev, spare_blocks)
+        st.gathered = keeper.plan(st.gathered, q, k, v, lists, st.extended_from, spare_blocks)
         return None if st.gathered is None else keeper.run(st.gathered, q, k, v, call.scale)
 
     def _dense(self, call: LayerCall) -> tuple[torch.Tensor, Duration]:

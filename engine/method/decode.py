@@ -25,7 +25,6 @@ from sketchwalk.engine.method.pipeline import (
     transition,
 )
 from sketchwalk.engine.method.select import (
-    BlockSelection,
     ForcedRule,
     decode_row_selection,
     extend_selection,
@@ -43,7 +42,7 @@ from sketchwalk.engine.method.sketch import (
 )
 from sketchwalk.engine.method.step import StepPlan
 from sketchwalk.engine.method.walk import walk_row, walk_rows
-from sketchwalk.kernels import kernel
+from sketchwalk.kernels import BlockLists, kernel
 
 
 @dataclass
@@ -59,11 +58,11 @@ class DecodeLayerState:
     sketched: SketchedBlocks
     window: torch.Tensor  # [B, H, w, r] sketched recent queries
     stale_from: int | None = None  # first row of a not yet recomputed from the sums
-    selection: BlockSelection | None = None  # the last decode selection ...
+    selection: BlockLists | None = None  # the last decode selection ...
     selected_block: int = -1  # ... made while this key block was the current one ...
     steps_since: int = 0  # ... this many tokens ago
     phase: float = 0.0  # where in its re-selection cadence the layer re-selects (decode_stagger)
-    extended_from: BlockSelection | None = None  # `selection` is this one plus its newest block
+    extended_from: BlockLists | None = None  # `selection` is this one plus its newest block
     gathered: object | None = None  # the backend keeps it (kernels/backends.py DecodeKeeper)
     # per key block, what the estimators read from the sums (see key_estimates), in buffers with
     # room to grow; blocks from est_valid on changed since and are recomputed when next read
@@ -188,7 +187,7 @@ def chunk_step(  # ten parameters: the layer's chunk inputs, each passed by the 
     w_rows = timer.run("walk", lambda: walk_rows(a_rows, st.a, prev_walk, beta, cfg.degree))
     start, end = key_span(key_valid) if step is None else step.span(key_valid)
 
-    def choose() -> BlockSelection:
+    def choose() -> BlockLists:
         x = ScoreInputs(a_rows.shape, q.device, rows, b, a_rows, w_rows)
         scores = method_scores(cfg, x)
         return choose_blocks(cfg, scores, rows, start, end, n, real_rows, step=step)
@@ -347,7 +346,7 @@ def decode_step(  # many parameters: a decode layer's inputs, the optional ones 
     s = timer.run("walk", lambda: walk_row(r[:, :, 0], st.a, cfg.effective_beta, cfg.degree))
     s = s.unsqueeze(2)
 
-    def choose() -> BlockSelection:
+    def choose() -> BlockLists:
         rows = torch.tensor([cur], device=q.device)
         x = ScoreInputs(s.shape, q.device, rows, b, r, s, exact, q, keys, key_valid, scale)
         scores = method_scores(cfg, x)

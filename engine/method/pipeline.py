@@ -16,12 +16,7 @@ from sketchwalk.engine.clock import Duration, StageTimer
 from sketchwalk.engine.method.blockstats import exact_block_mass
 from sketchwalk.engine.method.config import SketchWalkConfig
 from sketchwalk.engine.method.methods import ScoreInputs
-from sketchwalk.engine.method.select import (
-    BlockSelection,
-    ForcedRule,
-    budget_masks,
-    select_blocks,
-)
+from sketchwalk.engine.method.select import ForcedRule, budget_masks, select_blocks
 from sketchwalk.engine.method.sketch import (
     SRHT,
     QueryTokens,
@@ -31,7 +26,7 @@ from sketchwalk.engine.method.sketch import (
 )
 from sketchwalk.engine.method.step import StepPlan
 from sketchwalk.engine.method.walk import COUNTERFACTUAL_BETA, walk
-from sketchwalk.kernels import block_sparse_attention
+from sketchwalk.kernels import BlockLists, block_sparse_attention
 
 
 @dataclass
@@ -40,7 +35,7 @@ class LayerPlan:
 
     estimate: torch.Tensor | None  # [B, G, n, n] block transition estimate A_l
     walk_scores: torch.Tensor | None  # [B, G, n, n] W_l (None when the method uses none)
-    selection: BlockSelection | None
+    selection: BlockLists | None
     sketched: SketchedBlocks | None
     timings: dict[str, Duration] = field(default_factory=dict)  # ms (engine/clock.py)
     alternative: WalkAlternative | None = None  # what the other choice of walk would select
@@ -54,7 +49,7 @@ class WalkAlternative:
     runs only, so the explorer can say what the walk changes on this prompt."""
 
     walks: bool  # True: `selection` is the walk's (the run did not walk)
-    selection: BlockSelection
+    selection: BlockLists
     walk: torch.Tensor | None = None
 
 
@@ -120,7 +115,7 @@ def choose_blocks(
     real_rows: torch.Tensor | None = None,
     tail: bool = True,
     step: StepPlan | None = None,
-) -> BlockSelection:
+) -> BlockLists:
     """The config's selection rule over scores [B, G, R, n] for query-block rows `rows`. step:
     the forward step's shared values, where the budget masks are built once for all its layers
     (rows, start, end and real_rows are the same at every layer of a step)."""
@@ -152,7 +147,7 @@ def choose_blocks(
 
 def sparse_attention(
     cfg: SketchWalkConfig,
-    sel: BlockSelection,
+    sel: BlockLists,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -164,7 +159,7 @@ def sparse_attention(
     passes one list per tile, the union of its rows' lists: the same attention (causality trims
     each row), in longer kernel calls."""
     b, tile = cfg.block_size, cfg.rows_per_list
-    lists = sel.lists(b).starting_at(seq_start)
+    lists = sel.starting_at(seq_start)
     if tile > 1 and q.shape[2] == k.shape[2]:
         nk = -(-k.shape[2] // b)
         # a tile's union holds at most tile x the longest row list: a width known on the host
@@ -215,7 +210,7 @@ def prefill_plan(  # many parameters: a prefill layer's inputs, the optional one
     start, end = step.span(valid)
     real_rows = sk.q_count > 0
 
-    def choose() -> BlockSelection:
+    def choose() -> BlockLists:
         x = ScoreInputs(a.shape, q.device, rows, b, a, w, exact, q, k, valid, scale)
         scores = method_scores(cfg, x)
         return choose_blocks(cfg, scores, rows, start, end, n, real_rows, step=step)
@@ -236,7 +231,7 @@ def walk_alternative(
     cfg: SketchWalkConfig,
     a: torch.Tensor,
     prev_alt: torch.Tensor | None,
-    choose: Callable[[torch.Tensor], BlockSelection],
+    choose: Callable[[torch.Tensor], BlockLists],
 ) -> WalkAlternative:
     """The other side of the walk for one layer: A_l's selection when the run walks, else the
     walk's at COUNTERFACTUAL_BETA (its state continuing from prev_alt). choose: the layer's
@@ -250,7 +245,7 @@ def walk_alternative(
 
 def prefill_selection(
     q: torch.Tensor, k: torch.Tensor, cfg: SketchWalkConfig, layer: int, state: object = None
-) -> BlockSelection:
+) -> BlockLists:
     """Block index lists for one prefill layer (the benchmark's entry: no padding, fresh walk,
     nothing recorded)."""
     from sketchwalk.engine.method.sketch import make_srht

@@ -1,5 +1,9 @@
 """Select: the key blocks each query block keeps, to a density budget, as sorted index lists.
 
+A selection is the kernels' BlockLists (kernels/lists.py): the lists with their block size, the
+key blocks they range over and the (row, block) pairs kept and counted, whose ratio is the
+achieved density.
+
 Per row i the candidates are causal key blocks holding real tokens. Sink blocks, the local window
 and dense-tail rows are always kept ("forced"). The rest of the budget, density x all candidate
 pairs, is spread one of two ways:
@@ -18,33 +22,11 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from sketchwalk.kernels import BlockLists, kernel, selected_block_mask
-
-
-@dataclass
-class BlockSelection:
-    """kept/candidates are 0-dim tensors on the scores' device where the selection counted them
-    there (read as numbers only when a density is asked for: no host round trip per layer), or
-    ints where they are known on the host (decode's one-row rule)."""
-
-    block_index: torch.Tensor  # [B, G, nq, K] int32, sorted ascending, padded past block_count
-    block_count: torch.Tensor  # [B, G, nq] int32
-    kept: int | torch.Tensor  # kept (row, block) pairs over real rows, all groups
-    candidates: int | torch.Tensor  # causal (row, block) pairs over real rows, all groups
-
-    @property
-    def density(self) -> float:
-        return float(self.kept) / max(float(self.candidates), 1.0)
-
-    def lists(self, block_size: int) -> BlockLists:
-        """The kernels' view of this selection (kernels/lists.py): one list per query block.
-        It holds this selection's index tensor itself, so a kernel that keeps state for a
-        selection across decode steps can tell it by identity."""
-        return BlockLists(self.block_index, self.block_count, block_size)
 
 
 @dataclass(frozen=True)
@@ -192,8 +174,9 @@ def select_blocks(  # many parameters: the selection rule's inputs, the optional
     row_group: int = 1,
     pool: str = "mean",
     masks: tuple | None = None,
-) -> BlockSelection:
-    """Top blocks of scores [B, G, nq, nk] (higher = keep) to the density budget.
+) -> BlockLists:
+    """Top blocks of scores [B, G, nq, nk] (higher = keep) to the density budget: one list per
+    query block, over nk key blocks of rule.block_size.
 
     dense_rows [nq] bool: rows that keep every candidate (the dense tail). real_rows [B, nq] bool:
     rows that hold real queries, the only ones counted in the density. budget: "layer" or "row"
@@ -229,21 +212,24 @@ def select_blocks(  # many parameters: the selection rule's inputs, the optional
                 dim=1,
             )
     keep = keep | forced[:, None]  # padding rows still get their forced blocks
-    return selection_from_mask(keep, cand, rows)
+    return selection_from_mask(keep, cand, rows, rule.block_size)
 
 
 def selection_from_mask(
-    keep: torch.Tensor, cand: torch.Tensor, rows: torch.Tensor
-) -> BlockSelection:
-    """Index lists from a kept mask [B, G, nq, nk]; density counted over real rows' candidates
-    (as tensors: the lists' width is the one number read on the host)."""
+    keep: torch.Tensor, cand: torch.Tensor, rows: torch.Tensor, block_size: int
+) -> BlockLists:
+    """Index lists from a kept mask [B, G, nq, nk] of key blocks of block_size; density counted
+    over real rows' candidates (as tensors: the lists' width is the one number read on the
+    host)."""
     groups = keep.shape[1]
     count = keep.sum(-1, dtype=torch.int32)  # [B, G, nq]
     kmax = max(int(count.max().item()) if count.numel() else 1, 1)
     index = kernel("block_lists", keep.device)(keep, kmax)
     kept = (keep & cand[:, None]).sum()
     total = (cand.sum(-1) * rows).sum() * groups
-    return BlockSelection(index, count, kept, total)
+    return BlockLists(
+        index, count, block_size, key_blocks=keep.shape[-1], kept=kept, candidates=total
+    )
 
 
 def group_rates(
@@ -400,26 +386,36 @@ def row_budget_keep(
     return keep & (cand | forced)[:, None]
 
 
-def extend_selection(sel: BlockSelection, block: int) -> BlockSelection:
-    """A one-row decode selection [B, G, 1, K] with key block `block` appended to every list.
+def extend_selection(sel: BlockLists, block: int) -> BlockLists:
+    """A one-row decode selection [B, G, 1, K] with key block `block` appended to every list,
+    now ranging over the keys up to that block.
 
     Used when a kept decode selection crosses into a new key block: the new block is the local
     window (always kept), and the lists stay sorted because it is newer than every listed block.
     Each group's row gains one kept block and one candidate.
     """
-    bsz, groups, nq, k = sel.block_index.shape
+    bsz, groups, nq, k = sel.index.shape
     if nq != 1:
         raise ValueError(f"only one-row (decode) selections are extended, got {nq} rows")
-    index = torch.nn.functional.pad(sel.block_index, (0, 1))
-    at = sel.block_count.long().unsqueeze(-1)  # [B, G, 1, 1]: the first free slot
+    if sel.key_blocks is not None and block < sel.key_blocks:
+        raise ValueError(f"block {block} is not newer than the lists' {sel.key_blocks} blocks")
+    index = torch.nn.functional.pad(sel.index, (0, 1))
+    at = sel.count.long().unsqueeze(-1)  # [B, G, 1, 1]: the first free slot
     index.scatter_(-1, at, torch.full_like(at, block, dtype=index.dtype))
     extra = bsz * groups
-    return BlockSelection(index, sel.block_count + 1, sel.kept + extra, sel.candidates + extra)
+    return replace(
+        sel,
+        index=index,
+        count=sel.count + 1,
+        key_blocks=block + 1,
+        kept=None if sel.kept is None else sel.kept + extra,
+        candidates=None if sel.candidates is None else sel.candidates + extra,
+    )
 
 
-def selection_mask(sel: BlockSelection, n_kblocks: int) -> torch.Tensor:
+def selection_mask(sel: BlockLists, n_kblocks: int) -> torch.Tensor:
     """Boolean [B, G, nq, nk] view of the index lists (for recording and metrics)."""
-    return selected_block_mask(sel.block_index, sel.block_count, n_kblocks)
+    return selected_block_mask(sel.index, sel.count, n_kblocks)
 
 
 def _budget_at(rate: torch.Tensor, n_cand: torch.Tensor, n_forced: torch.Tensor) -> torch.Tensor:
@@ -466,7 +462,7 @@ def decode_row_selection(
     rule: ForcedRule,
     density: float | Sequence[float],
     start_block: int = 0,
-) -> BlockSelection | None:
+) -> BlockLists | None:
     """select_blocks for one decode row of sequences without padding, in a handful of ops.
 
     scores [B, G, 1, n] with n = cur + 1 (the current key block is the last); every sequence's real
@@ -503,4 +499,7 @@ def decode_row_selection(
     index = torch.where(live, top, nk).sort(dim=-1).values
     index = torch.where(index < nk, index, index[..., :1]).to(torch.int32)  # tails repeat the first
     count = count.expand(bsz, groups, 1).contiguous()
-    return BlockSelection(index, count, bsz * sum(budgets), bsz * groups * n_cand)
+    kept, candidates = bsz * sum(budgets), bsz * groups * n_cand
+    return BlockLists(
+        index, count, rule.block_size, key_blocks=nk, kept=kept, candidates=candidates
+    )

@@ -119,7 +119,7 @@ def test_advance_across_blocks_matches_reference_on_the_extended_lists(
 ):
     """A kept selection crossing into new key blocks: each block joins the lists as it starts;
     the advanced buffer attends like the reference on those lists, until its room runs out."""
-    from sketchwalk.engine.method.select import BlockSelection, extend_selection
+    from sketchwalk.engine.method.select import extend_selection
 
     gen = torch.Generator().manual_seed(block + heads + 7 * equal)
     d, lk0, spare = 32, 5 * block + 3, 3
@@ -127,7 +127,7 @@ def test_advance_across_blocks_matches_reference_on_the_extended_lists(
     end = (cur0 + spare) * block
     q, k, v = random_qkv(1, heads, kv, 1, end + block, d, torch.float32, gen)
     index, count = _lists(kv if per_group else 1, cur0, 0.4, gen, equal)
-    sel = BlockSelection(index, count, 0, 0)
+    sel = BlockLists(index, count, block, key_blocks=cur0 + 1, kept=0, candidates=0)
     g = decode_cache.gather(
         k[:, :, :lk0], v[:, :, :lk0], index, count, block, lk0, sel, heads, spare
     )
@@ -140,9 +140,7 @@ def test_advance_across_blocks_matches_reference_on_the_extended_lists(
                 assert g is None
                 break
         qs = torch.randn(1, heads, 1, d, generator=gen)
-        want = block_sparse_attention_reference(
-            qs, k[:, :, :lk], v[:, :, :lk], BlockLists(sel.block_index, sel.block_count, block)
-        )
+        want = block_sparse_attention_reference(qs, k[:, :, :lk], v[:, :, :lk], sel)
         got = decode_cache.attend(g, qs, k[:, :, :lk], v[:, :, :lk], d**-0.5)
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
     else:

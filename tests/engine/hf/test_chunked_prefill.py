@@ -141,6 +141,6 @@ def test_chunk_rows_are_the_full_prefill_rows(t0):
         torch.testing.assert_close(
             plan.walk_scores, full.walk_scores[:, :, j0:], rtol=1e-5, atol=1e-6
         )
-        assert plan.selection.block_index.shape[2] == -(-t // b) - j0
+        assert plan.selection.index.shape[2] == -(-t // b) - j0
         assert abs(plan.selection.density - cfg.density) < 0.1
         prev_full, prev_rows = full.walk_scores, plan.walk_scores

@@ -71,11 +71,11 @@ def test_fresh_selection_after_reuse_equals_every_step(
                 assert torch.equal(getattr(lazy.sketched, f), getattr(fresh.sketched, f))
         else:
             got = decode_step(lazy, qn, kn, lk, cfg, srht, valid).selection
-            assert torch.equal(got.block_index, want.block_index)
-            assert torch.equal(got.block_count, want.block_count)
+            assert torch.equal(got.index, want.index)
+            assert torch.equal(got.count, want.count)
             _same_state(lazy, fresh)
         cur = (lk - 1) // block
-        ids = got.block_index[0, :, 0, : int(got.block_count.min())]
+        ids = got.index[0, :, 0, : int(got.count.min())]
         assert bool((ids == cur).any(-1).all())  # the current block is always attended
     assert reused > 0
 

@@ -172,8 +172,8 @@ def test_per_group_selection_gives_each_kv_group_its_own_lists():
     srht = make_srht(16, 16, 0, 0)
     shared = prefill_plan(q, k, SketchWalkConfig(**base, per_group=False), srht).selection
     grouped = prefill_plan(q, k, SketchWalkConfig(**base, per_group=True), srht).selection
-    assert shared.block_index.shape[1] == 1 and grouped.block_index.shape[1] == 2
-    assert not torch.equal(grouped.block_index[:, 0], grouped.block_index[:, 1])
+    assert shared.index.shape[1] == 1 and grouped.index.shape[1] == 2
+    assert not torch.equal(grouped.index[:, 0], grouped.index[:, 1])
     assert grouped.density == pytest.approx(shared.density)
     # and a model runs end to end with per-group lists
     model = tiny_llama(heads=4, kv_heads=2)
@@ -254,3 +254,34 @@ def test_sampled_estimator_runs_prefill_decode_and_chunks():
     srht = make_srht(16, 16, 0, 0)
     a = {e: prefill_plan(q, k, cfg.with_(estimator=e), srht).estimate for e in ("sampled", "query")}
     assert not torch.allclose(a["sampled"], a["query"], atol=1e-3)  # really another estimate
+
+
+@pytest.mark.parametrize("reselect", [1, 40])  # 40: kept lists extended across key blocks
+def test_every_sparse_step_runs_lists_over_its_own_keys(reselect, monkeypatch):
+    """Prefill, chunk and decode steps (kept or fresh) hand the kernel the selection's lists
+    with the session's block size and the key blocks of the keys it attends over."""
+    from transformers import DynamicCache
+
+    from sketchwalk.engine.hf.session import Session
+
+    seen: list[tuple[str, int, int, int]] = []
+    real = Session._sparse
+
+    def spy(self, call, plan):
+        sel = plan.selection
+        seen.append((call.phase, sel.block_size, sel.key_blocks, call.k.shape[2]))
+        assert sel.density == float(sel.kept) / max(float(sel.candidates), 1.0)
+        return real(self, call, plan)
+
+    monkeypatch.setattr(Session, "_sparse", spy)
+    model = tiny_llama(heads=4, kv_heads=2)
+    model.set_attn_implementation("sketch_walk")
+    ids = torch.randint(1, 128, (1, 120))
+    cfg = SketchWalkConfig(density=0.3, block_size=16, dense_layers=(0,), decode_reselect=reselect)
+    cache = DynamicCache()
+    with sketch_walk_session(cfg.with_(decode_reselect_span=0)), torch.no_grad():
+        for s, e in [(0, 70), (70, 100), *((t, t + 1) for t in range(100, 120))]:
+            model(ids[:, s:e], use_cache=True, **{cache_kwarg(model): cache})
+    assert {p for p, *_ in seen} == {"prefill", "chunk", "decode"}
+    for phase, b, key_blocks, lk in seen:
+        assert b == 16 and key_blocks == -(-lk // b), phase

@@ -111,7 +111,7 @@ def test_selection_keeps_the_density_budget_and_causality(method, density):
     sel = prefill_plan(q, k, cfg, srht).selection
     ours = prefill_plan(q, k, cfg.with_(method="sketchwalk"), srht).selection
     assert sel.kept == ours.kept and sel.candidates == ours.candidates
-    assert torch.equal(sel.block_count, ours.block_count)
+    assert torch.equal(sel.count, ours.count)
     assert not selection_mask(sel, 40).triu(1).any()
     free = cfg.with_(sink=0.0, window=0.0, dense_tail_blocks=0)
     sel = prefill_plan(q, k, free, srht).selection
@@ -204,8 +204,8 @@ def test_the_cheap_estimate_leaves_a_peers_selection_unchanged(method, seed):
     exact = layer_exact(q, k, None, None, cfg) if REGISTRY[method].needs_exact else None
     full = prefill_plan(q, k, cfg, srht, exact=exact).selection
     cheap = prefill_plan(q, k, cfg.for_estimate(recorded=False), srht, exact=exact).selection
-    assert torch.equal(full.block_index, cheap.block_index)
-    assert torch.equal(full.block_count, cheap.block_count)
+    assert torch.equal(full.index, cheap.index)
+    assert torch.equal(full.count, cheap.count)
 
 
 @pytest.mark.parametrize("method", ["streaming", "quest"])

@@ -6,12 +6,12 @@ import torch
 from sketchwalk.engine.method import select
 from sketchwalk.engine.method.config import SketchWalkConfig
 from sketchwalk.engine.method.select import (
-    BlockSelection,
     ForcedRule,
     best_first,
     select_blocks,
     selection_mask,
 )
+from sketchwalk.kernels import BlockLists
 
 
 def run_select(
@@ -35,6 +35,22 @@ def run_select(
     rule = ForcedRule(b, sink, sink_blocks, window, window_blocks)
     sel = select_blocks(scores, torch.arange(n), rule, density, start, end, budget=budget, **kw)
     return scores, sel, selection_mask(sel, n)
+
+
+@pytest.mark.parametrize("budget,row_group", [("row", 1), ("layer", 1), ("layer", 4)])
+def test_a_selection_carries_its_block_size_key_blocks_and_pair_counts(budget, row_group):
+    """The lists a selection hands the kernels say which keys they range over, and their
+    density is the kept over the causal (row, block) pairs of the mask they describe."""
+    n, b, batch, groups = 40, 32, 2, 3
+    end = torch.tensor([n * b - 5, n * b])
+    _, sel, mask = run_select(
+        n, b, 0.25, batch=batch, groups=groups, end=end, budget=budget, row_group=row_group
+    )
+    assert (sel.block_size, sel.key_blocks, sel.query_block) == (b, n, None)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    assert int(sel.kept) == int((mask & causal).sum())
+    assert int(sel.candidates) == batch * groups * int(causal.sum())
+    assert sel.density == int(sel.kept) / int(sel.candidates)
 
 
 def forced_reference(n, b, t, sink, sink_blocks, window, window_blocks):
@@ -122,8 +138,8 @@ def test_never_selects_future_blocks_and_lists_are_sorted(budget):
     for b in range(2):
         for g in range(2):
             for i in range(33):
-                c = int(sel.block_count[b, g, i])
-                ids = sel.block_index[b, g, i, :c]
+                c = int(sel.count[b, g, i])
+                ids = sel.index[b, g, i, :c]
                 assert torch.all(ids[1:] > ids[:-1]) and int(ids.max()) <= i
 
 
@@ -288,9 +304,11 @@ def test_decode_row_selection_equals_select_blocks(budget, sink_blocks, window_b
                     budget=budget,
                 )
                 got = decode_row_selection(scores, cur, rule, density)
-                assert torch.equal(got.block_index, want.block_index), (cur, density)
-                assert torch.equal(got.block_count, want.block_count), (cur, density)
+                assert torch.equal(got.index, want.index), (cur, density)
+                assert torch.equal(got.count, want.count), (cur, density)
                 assert (got.kept, got.candidates) == (want.kept, want.candidates)
+                assert got.key_blocks == want.key_blocks == cur + 1
+                assert got.block_size == want.block_size == b
 
 
 def test_decode_row_selection_leaves_fractions_to_select_blocks():
@@ -318,18 +336,23 @@ def test_extend_selection_appends_the_new_block_to_every_list(groups, density):
     want = torch.nn.functional.pad(selection_mask(sel, n), (0, 1))
     want[..., n] = True
     assert torch.equal(selection_mask(ext, n + 1), want)
-    assert torch.equal(ext.block_count, sel.block_count + 1)
+    assert torch.equal(ext.count, sel.count + 1)
     for g in range(groups):  # still sorted ascending
-        ids = ext.block_index[0, g, 0, : int(ext.block_count[0, g, 0])]
+        ids = ext.index[0, g, 0, : int(ext.count[0, g, 0])]
         assert bool((ids[1:] > ids[:-1]).all())
     assert (ext.kept, ext.candidates) == (sel.kept + groups, sel.candidates + groups)
+    assert (ext.key_blocks, ext.block_size) == (n + 1, 16)  # now over the new block's keys
+    with pytest.raises(ValueError, match="not newer"):
+        extend_selection(sel, n - 1)
     with pytest.raises(ValueError, match="one-row"):
         extend_selection(
-            BlockSelection(
+            BlockLists(
                 torch.zeros(1, 1, 2, 1, dtype=torch.int32),
                 torch.ones(1, 1, 2, dtype=torch.int32),
-                2,
-                2,
+                16,
+                key_blocks=3,
+                kept=2,
+                candidates=2,
             ),
             3,
         )
@@ -399,8 +422,8 @@ def test_decode_row_selection_with_one_density_per_group_equals_select_blocks(cu
         torch.full((2,), cur * 16 + 3),
     )  # fmt: skip
     got = decode_row_selection(scores, cur, rule, rates)
-    assert torch.equal(got.block_count, want.block_count)
-    assert torch.equal(got.block_index, want.block_index)  # sorted, padded alike
+    assert torch.equal(got.count, want.count)
+    assert torch.equal(got.index, want.index)  # sorted, padded alike
     assert (got.kept, got.candidates) == (want.kept, want.candidates)
 
 
@@ -457,8 +480,8 @@ def test_choose_blocks_builds_the_masks_once_per_step():
             )
             got = choose_blocks(cfg, scores, rows, start, end, n, step=step)
         want = choose_blocks(cfg, scores, rows, start, end, n)
-        assert torch.equal(got.block_index, want.block_index)
-        assert torch.equal(got.block_count, want.block_count)
+        assert torch.equal(got.index, want.index)
+        assert torch.equal(got.count, want.count)
         assert int(got.kept) == int(want.kept) and int(got.candidates) == int(want.candidates)
     assert calls == [0]  # built at the first layer only
     with pytest.MonkeyPatch.context() as mp:

@@ -52,7 +52,7 @@ PER_RUN = {
 RECORDER = {
     ("engine/run/recorder.py", "_np"),
     ("engine/run/recorder.py", "_group_and_mean"),  # a layer's per-group scores, copied
-    ("engine/method/select.py", "density"),
+    ("kernels/lists.py", "density"),  # a selection's achieved density
 }
 CALIBRATION = {("engine/method/layer_profile.py", "allocate"), ("engine/method/select.py", "of")}
 EVAL = {("eval/grid.py", "lm_sums"), ("eval/grid.py", "<listcomp>")}

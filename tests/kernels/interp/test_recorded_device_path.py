@@ -49,7 +49,7 @@ SELECTION = {  # a selection's host reads (test_engine_device_path.py says why)
 RECORDER = {  # the recorder's copies to the host and its scalar metrics
     ("engine/run/recorder.py", "_np"),
     ("engine/run/recorder.py", "_group_and_mean"),  # a layer's per-group scores, copied
-    ("engine/method/select.py", "density"),
+    ("kernels/lists.py", "density"),  # a selection's achieved density
 }
 
 
