@@ -4,8 +4,9 @@ The app's worker runs torch on one core fewer than the machine has, leaving one 
 OpenMP team that needs a core someone else holds stalls at every parallel region. A second,
 independent stream has no such barrier: it shares no parallel region with this thread, so a
 busy core slows it down and nothing more. The quality half uses one for the work that does
-not depend on the sparse side's progress: the dense side of a new prompt, and the prompt
-comparison of a prompt whose dense side is known (it needs only the sparse prefill).
+not depend on the sparse side's progress: the dense side of a new prompt (and then its prompt
+comparison, once the sparse prefill hands over its states), or, on a prompt whose dense side
+is known, the comparison alone (it needs only the sparse prefill).
 
 Only where it cannot bend a measurement: the caller times nothing side by side while it runs
 (the quality half; its speed half times clean passes alone).
@@ -28,6 +29,26 @@ def spare_core(device: torch.device) -> bool:
     """Whether a second CPU stream gets a core of its own: work on the CPU, with torch's
     threads fewer than the machine's cores."""
     return device.type == "cpu" and torch.get_num_threads() < (os.cpu_count() or 1)
+
+
+class Handoff(Generic[T]):
+    """One value this thread hands the second stream once it exists (the sparse prefill's
+    prompt states, say)."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Event()
+        self._value: list[T] = []
+
+    def put(self, value: T) -> None:
+        self._value.append(value)
+        self._ready.set()
+
+    def wait(self, poll: Callable[[], None]) -> T:
+        """The value; `poll` runs every 50 ms meanwhile (a stopped stream's tick raises there,
+        so a side that failed before handing over never leaves the other waiting)."""
+        while not self._ready.wait(0.05):
+            poll()
+        return self._value[0]
 
 
 class _Stopped(Exception):

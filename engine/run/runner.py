@@ -27,7 +27,7 @@ from sketchwalk.engine.hf.hook import NAME
 from sketchwalk.engine.hf.session import dense_context, sketch_walk_session
 from sketchwalk.engine.method.config import SketchWalkConfig
 from sketchwalk.engine.method.walk import COUNTERFACTUAL_BETA
-from sketchwalk.engine.run.alongside import Alongside, spare_core
+from sketchwalk.engine.run.alongside import Alongside, Handoff, spare_core
 from sketchwalk.engine.run.memory import PeakMemory
 from sketchwalk.engine.run.metrics import (
     PromptComparison,
@@ -201,15 +201,18 @@ def _dense_side(
     max_new: int,
     eos: int | None,
     on_token: Callable[[int], None],
-) -> tuple[Decoded, torch.Tensor | None]:
-    """A new prompt's dense side whole, for the spare core: its greedy pass and its prompt
-    log-probabilities (the comparison's and the memo's; None past DENSE_LOGPROBS_MB)."""
+    sparse_prompt: Handoff[torch.Tensor],
+) -> tuple[Decoded, torch.Tensor | None, PromptComparison]:
+    """A new prompt's dense side whole, for the spare core: its greedy pass, its prompt
+    log-probabilities (the memo's; None past DENSE_LOGPROBS_MB) and, once the sparse prefill
+    hands over its prompt states, the prompt comparison."""
     dense = _dense_greedy(model, ids, max_new, eos, on_token)
     logprobs = dense_logprobs_buffer(parts, ids.shape[1], judge_vocab(dense))
     if logprobs is not None:
         with torch.no_grad():
             prompt_logprobs_into(logprobs, parts.logits, dense.prompt_hidden)
-    return dense, logprobs
+    hidden = sparse_prompt.wait(lambda: on_token(max_new))
+    return dense, logprobs, _compare(parts, dense, hidden, ids, logprobs, None)
 
 
 @torch.no_grad()
@@ -439,14 +442,17 @@ def _run(
     # the quality half times nothing side by side: its independent work goes to the spare core
     alongside = not speed and spare_core(lm.device)
     parts = LMParts.of(model)
-    dense_side: Alongside[tuple[Decoded, torch.Tensor | None]] | None = None
+    dense_side: Alongside[tuple[Decoded, torch.Tensor | None, PromptComparison]] | None = None
+    sparse_prompt: Handoff[torch.Tensor] = Handoff()  # the sparse prefill's, for the dense side
     if reused:
         dense = memo.dense
         report(1 + opts.max_new_tokens, "dense side of this prompt reused")
     elif alongside:
         model.set_attn_implementation(NAME)  # dense_context() makes that thread's calls SDPA
         dense_side = Alongside(
-            lambda tick: _dense_side(model, parts, ids, opts.max_new_tokens, eos, tick),
+            lambda tick: _dense_side(
+                model, parts, ids, opts.max_new_tokens, eos, tick, sparse_prompt
+            ),
             "sketchwalk-dense-side",
         )
     else:
@@ -470,7 +476,9 @@ def _run(
         report(base + layer / n_layers, f"sparse {phase} step {step} layer {layer}")
 
     def on_prefill(hidden: torch.Tensor) -> None:
-        if alongside and known is not None:  # only the sparse side's head is left to run
+        if dense_side is not None:  # a new prompt: its dense side compares once it is done
+            sparse_prompt.put(hidden)
+        elif alongside and known is not None:  # only the sparse side's head is left to run
             compared.append(
                 Alongside(
                     lambda _: _compare(parts, dense, hidden, ids, known, None),
@@ -488,8 +496,9 @@ def _run(
                 sparse = greedy(model, ids, opts.max_new_tokens, eos, on_prefill=on_prefill)
             if dense_side is not None:
                 report(passes - 1, "waiting for the dense side")
-                dense, known = dense_side.result()  # its prompt log-probabilities too
-            comparison = compared[0].result() if compared else None
+                dense, known, comparison = dense_side.result()
+            else:
+                comparison = compared[0].result() if compared else None
     finally:
         model.set_attn_implementation("sdpa")
 
@@ -501,11 +510,12 @@ def _run(
     sparse_by_dense = token_logprobs(judge, seq[n:])
 
     ids_list = ids[0].tolist()
-    keep = None if known is not None else dense_logprobs_buffer(parts, n, judge_vocab(dense))
     if comparison is None:
+        keep = None if known is not None else dense_logprobs_buffer(parts, n, judge_vocab(dense))
         comparison = _compare(parts, dense, sparse.prompt_hidden, ids, known, keep)
+        known = known if known is not None else keep
     # the next density on this prompt starts here
-    lm.dense_memo = DenseMemo(key, dense, known if known is not None else keep)
+    lm.dense_memo = DenseMemo(key, dense, known)
     metrics = comparison.summary()
     metrics.update(
         gen_kl_mean=float(gen_kl.mean()) if gen_kl.numel() else None,

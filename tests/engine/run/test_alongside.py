@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from sketchwalk.engine.run.alongside import Alongside, spare_core
+from sketchwalk.engine.run.alongside import Alongside, Handoff, spare_core
 
 
 def test_the_result_and_the_progress_come_back():
@@ -46,6 +46,17 @@ def test_leaving_with_an_error_stops_the_work_at_its_next_tick():
         raise KeyError("this side failed")
     assert not side._thread.is_alive()
     assert len(ticks) < 10**7  # stopped, not run to its end
+
+
+def test_a_handoff_reaches_the_other_stream_and_a_failed_side_never_leaves_it_waiting():
+    handed: Handoff[str] = Handoff()
+    with Alongside(lambda tick: handed.wait(lambda: tick(0)) + " received", "side-test") as side:
+        handed.put("states")
+        assert side.result() == "states received"
+    never: Handoff[str] = Handoff()
+    with pytest.raises(KeyError), Alongside(lambda tick: never.wait(lambda: tick(0)), "w") as s2:
+        raise KeyError("this side failed before handing over")
+    assert not s2._thread.is_alive()
 
 
 def test_a_spare_core_is_a_cpu_core_torch_does_not_use(monkeypatch):
