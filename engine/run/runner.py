@@ -467,6 +467,7 @@ def _run(
     rec_opts = opts.recorder if speed else replace(opts.recorder, time_dense=False)
     recorder = Recorder(rec_opts) if opts.record else None
     compared: list[Alongside[PromptComparison]] = []
+    running = contextlib.ExitStack()  # the second stream's work: stopped if this side fails
 
     def dense_done() -> int:
         return dense_side.done if dense_side is not None else 1 + opts.max_new_tokens
@@ -479,19 +480,17 @@ def _run(
         if dense_side is not None:  # a new prompt: its dense side compares once it is done
             sparse_prompt.put(hidden)
         elif alongside and known is not None:  # only the sparse side's head is left to run
-            compared.append(
-                Alongside(
-                    lambda _: _compare(parts, dense, hidden, ids, known, None),
-                    "sketchwalk-prompt-comparison",
-                )
+            side = Alongside(
+                lambda _: _compare(parts, dense, hidden, ids, known, None),
+                "sketchwalk-prompt-comparison",
             )
+            compared.append(running.enter_context(side))
 
     model.set_attn_implementation(NAME)
     try:
-        with contextlib.ExitStack() as running:
-            for side in (dense_side, *compared):
-                if side is not None:
-                    running.enter_context(side)
+        with running:
+            if dense_side is not None:
+                running.enter_context(dense_side)
             with sketch_walk_session(cfg, recorder, on_layer, opts.kernel_backend) as session:
                 sparse = greedy(model, ids, opts.max_new_tokens, eos, on_prefill=on_prefill)
             if dense_side is not None:

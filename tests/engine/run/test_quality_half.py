@@ -238,9 +238,13 @@ def test_a_failing_side_fails_the_run_and_stops_the_other(tiny, monkeypatch):
         if message.startswith("sparse decode"):
             raise KeyboardInterrupt("cancelled")
 
-    tiny.dense_memo = None
-    with pytest.raises(KeyboardInterrupt):
-        run(tiny, prompt, cfg, opts, progress=cancel, speed=False)
     sides = ("sketchwalk-dense-side", "sketchwalk-prompt-comparison")
+    tiny.dense_memo = None
+    with pytest.raises(KeyboardInterrupt):  # a new prompt: its dense side runs beside
+        run(tiny, prompt, cfg, opts, progress=cancel, speed=False)
     assert not [t for t in threading.enumerate() if t.name in sides]
     assert tiny.dense_memo is None  # a failed run leaves no memo
+    run(tiny, prompt, cfg, opts, speed=False)
+    with pytest.raises(KeyboardInterrupt):  # a known prompt: its comparison runs beside
+        run(tiny, prompt, cfg, opts, progress=cancel, speed=False)
+    assert not [t for t in threading.enumerate() if t.name in sides]
