@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pyarrow.csv as pacsv
 
@@ -35,6 +36,26 @@ def stopped_inside_copy(active: bool = True) -> Iterator[None]:
         yield
     finally:
         pacsv.write_csv = real
+
+
+def stopped(pid: int) -> bool:
+    """Whether the kernel has the process stopped (state 'T')."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def save_session(store, key: str) -> tuple[str, str] | None:
+    """(state, query) of the server session saving under `key` (a job's claim, or a plain
+    run's id), or None once it is gone."""
+    import sqlalchemy as sa
+
+    from sketchwalk.store.jobs import save_session_name
+
+    with store.engine.connect() as conn:
+        row = conn.execute(
+            sa.text("SELECT state, query FROM pg_stat_activity WHERE application_name = :n"),
+            {"n": save_session_name(key)},
+        ).first()
+    return None if row is None else (row[0], row[1])
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from frozen_save import save_session, stopped
 
 from sketchwalk.cli.main import main
 from sketchwalk.store import open_store
@@ -248,6 +249,19 @@ def _wait_until(cond, what: str, timeout: float = 120) -> None:
         time.sleep(0.1)
 
 
+def _runs_fails(url: str, run_id: str, monkeypatch, capsys) -> None:
+    """Wait until `sketchwalk runs`, with a 0.5 s stale heartbeat, lists the run as failed."""
+    monkeypatch.setenv("SKETCHWALK_RUN_STALE_S", "0.5")
+    _wait_until(
+        lambda: (
+            main(["runs", "--db", url, "--status", "failed", "--json"]) == 0
+            and run_id in capsys.readouterr().out
+        ),
+        "`sketchwalk runs` to fail the run",
+        timeout=30,
+    )
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_marks_the_run_failed_on_duckdb(db, tiny_model_dir, tmp_path, sig):
@@ -303,31 +317,11 @@ def test_a_killed_cli_run_is_failed_by_the_next_process_on_postgresql(
             proc.wait(60)
             (run_id,) = store.run_ids()
             assert store.get_run(run_id)["status"] == "running"
-            monkeypatch.setenv("SKETCHWALK_RUN_STALE_S", "0.5")
-            _wait_until(
-                lambda: (
-                    main(["runs", "--db", url, "--status", "failed", "--json"]) == 0
-                    and run_id in capsys.readouterr().out
-                ),
-                "`sketchwalk runs` to fail the dead run",
-                timeout=30,
-            )
+            _runs_fails(url, run_id, monkeypatch, capsys)
             run = store.get_run(run_id)
     finally:
         proc.kill()
     assert run["status"] == "failed" and "no heartbeat" in run["error"]
-
-
-def _save_session(store, run_id: str) -> tuple[str, str] | None:
-    """(state, query) of the server session saving run_id, or None once it is gone."""
-    from sketchwalk.store.jobs import save_session_name
-
-    with store.engine.connect() as conn:
-        row = conn.execute(
-            sa.text("SELECT state, query FROM pg_stat_activity WHERE application_name = :n"),
-            {"n": save_session_name(run_id)},
-        ).first()
-    return None if row is None else (row[0], row[1])
 
 
 @pytest.mark.heavy
@@ -344,21 +338,13 @@ def test_a_cli_run_frozen_inside_its_copy_is_cut_off_by_the_next_process(
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("w"))
     try:
         with open_store(pg_url) as store:
-            _wait_until(lambda: _stopped(proc.pid) or proc.poll() is not None, "the freeze")
+            _wait_until(lambda: stopped(proc.pid) or proc.poll() is not None, "the freeze")
             (run_id,) = store.run_ids()
-            state, query = _save_session(store, run_id) or ("gone", "")
+            state, query = save_session(store, run_id) or ("gone", "")
             assert (state, query[:5]) == ("active", "COPY "), (state, query, log.read_text())
-            monkeypatch.setenv("SKETCHWALK_RUN_STALE_S", "0.5")
-            _wait_until(
-                lambda: (
-                    main(["runs", "--db", pg_url, "--status", "failed", "--json"]) == 0
-                    and run_id in capsys.readouterr().out
-                ),
-                "`sketchwalk runs` to fail the frozen run",
-                timeout=30,
-            )
-            assert _save_session(store, run_id) is None  # its session was ended
-            assert _stopped(proc.pid)  # all of that while it stayed frozen
+            _runs_fails(pg_url, run_id, monkeypatch, capsys)
+            assert save_session(store, run_id) is None  # its session was ended
+            assert stopped(proc.pid)  # all of that while it stayed frozen
             failed = store.get_run(run_id)
             proc.send_signal(signal.SIGCONT)
             rc = proc.wait(60)
@@ -378,11 +364,6 @@ def test_a_cli_run_frozen_inside_its_copy_is_cut_off_by_the_next_process(
     assert "the connection is lost; nothing of the run was stored); retrying" in out
     assert (run["status"], run["error"]) == ("done", None)
     assert all(counts.values()), counts  # every table of the run, written by the retry
-
-
-def _stopped(pid: int) -> bool:
-    """Whether the kernel has the process stopped (state 'T')."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
 # ---- --db names a database, or nothing is written ----------------------------------------

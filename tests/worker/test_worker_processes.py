@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from frozen_save import save_session, stopped
 from run_helpers import tiny_config
 
 from sketchwalk.store import open_store
@@ -211,29 +212,11 @@ def test_sigterm_on_an_idle_worker_exits_0_quickly(pg_url, tmp_path, procs):
     assert time.monotonic() - t0 < 10
 
 
-def process_state(pid: int) -> str:
-    """The kernel's one-letter state of a process: 'T' while it is stopped."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0]
-
-
 def row_locked(store, table: sa.Table, row_id: str) -> bool:
     """Whether another session holds the row (a SKIP LOCKED pick misses it)."""
     with store.engine.begin() as conn:
         pick = sa.select(table.c.id).where(table.c.id == row_id).with_for_update(skip_locked=True)
         return conn.execute(pick).first() is None
-
-
-def save_session(store, claim: str) -> tuple[str, str] | None:
-    """(state, query) of the server session saving under `claim`, or None once it is gone."""
-    from sketchwalk.store.jobs import save_session_name
-
-    with store.engine.connect() as conn:
-        row = conn.execute(
-            sa.text("SELECT state, query FROM pg_stat_activity WHERE application_name = :n"),
-            {"n": save_session_name(claim)},
-        ).first()
-    return None if row is None else (row[0], row[1])
 
 
 JOB_TIMEOUT_S = 3.0
@@ -267,12 +250,12 @@ def test_a_worker_frozen_inside_its_save_is_cut_off_and_its_job_rerun(
     with open_store(pg_url) as store:
         frozen_job = store.enqueue_job({"prompt": "freeze", **request_})
         wait_for(
-            lambda: any(process_state(w.proc.pid) == "T" for w in workers),
+            lambda: any(stopped(w.proc.pid) for w in workers),
             60,
             "a worker to stop itself inside its save",
         )
         froze_at = time.monotonic()
-        (frozen,) = [w for w in workers if process_state(w.proc.pid) == "T"]
+        (frozen,) = [w for w in workers if stopped(w.proc.pid)]
         first = store.get_job(frozen_job)
         state, query = save_session(store, first.claim) or ("gone", "")
         assert state == session_state, (state, query)
@@ -297,7 +280,7 @@ def test_a_worker_frozen_inside_its_save_is_cut_off_and_its_job_rerun(
             timeout=60,
         )
         assert runs.returncode == 0, runs.stderr
-        assert process_state(frozen.proc.pid) == "T"  # all of that while it stayed frozen
+        assert stopped(frozen.proc.pid)  # all of that while it stayed frozen
         done = store.get_job(frozen_job)
         os.kill(frozen.proc.pid, signal.SIGCONT)  # revived: its late writes are refused
         assert frozen.stop() == 0, frozen.output()
