@@ -39,6 +39,7 @@ from sketchwalk.engine.run.recorder import LayerStep, Recorder
 from sketchwalk.kernels import BlockLists, backend_for, use_backend
 
 Exact = torch.Tensor | None  # a layer step's exact block mass, where it was computed
+ExactLater = Callable[[], torch.Tensor] | None  # the recorder's, computed when it asks
 Outcome = tuple[LayerPlan | None, torch.Tensor, Duration]  # a layer step's plan, output and its ms
 
 
@@ -259,10 +260,11 @@ class Session:
         else:  # a chunk after a cache: its own walk across layers
             self.chunk_walk = None
 
-    def _exact(self, call: LayerCall) -> tuple[Exact, Exact]:
-        """The exact block mass of this layer step, computed here only: (for a method that
-        selects on it, the whole batch pooled as the config pools; for the recorder, the mean
-        mass of batch element 0). One pass serves both where they agree (pool "mean")."""
+    def _exact(self, call: LayerCall) -> tuple[Exact, ExactLater]:
+        """The exact block mass of this layer step, computed here only: for a method that
+        selects on it, the whole batch pooled as the config pools, at once; for the recorder,
+        the mean mass of batch element 0, when the recorder asks (on its own stream, maybe).
+        One pass serves both where they agree (pool "mean")."""
         cfg, q, k, kv, scale = self.cfg, call.q, call.k, call.key_valid, call.scale
         if call.phase == "prefill":
             selects = cfg.sparse_in("prefill") and not cfg.is_dense_layer(call.layer)
@@ -275,10 +277,12 @@ class Session:
         if rec is None or not rec.observes(call.phase) or not rec.wants_exact(k.shape[2]):
             return chosen, None
         if chosen is not None and cfg.pool == "mean":
-            return chosen, chosen
-        return chosen, layer_exact(q[:1], k[:1], kv[:1], scale, cfg, pool="mean")
+            return chosen, lambda: chosen
+        return chosen, lambda: layer_exact(q[:1], k[:1], kv[:1], scale, cfg, pool="mean")
 
-    def _observe(self, call: LayerCall, plan: LayerPlan | None, exact: Exact, ms: Duration) -> None:
+    def _observe(
+        self, call: LayerCall, plan: LayerPlan | None, exact: ExactLater, ms: Duration
+    ) -> None:
         """The recorder's one call site: what this layer step decided, read-only."""
         assert self.recorder is not None
         sparse = plan is not None and plan.selection is not None

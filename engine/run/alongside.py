@@ -6,7 +6,8 @@ independent stream has no such barrier: it shares no parallel region with this t
 busy core slows it down and nothing more. The quality half uses one for the work that does
 not depend on the sparse side's progress: the dense side of a new prompt (and then its prompt
 comparison, once the sparse prefill hands over its states), or, on a prompt whose dense side
-is known, the comparison alone (it needs only the sparse prefill).
+is known, the comparison alone (it needs only the sparse prefill), after the recorder's exact
+block mass and metrics of each prefill layer, and before those of each decode step (a Stream).
 
 Only where it cannot bend a measurement: the caller times nothing side by side while it runs
 (the quality half; its speed half times clean passes alone).
@@ -15,8 +16,10 @@ Only where it cannot bend a measurement: the caller times nothing side by side w
 from __future__ import annotations
 
 import os
+import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from types import TracebackType
 from typing import Generic, TypeVar
 
@@ -98,3 +101,54 @@ class Alongside(Generic[T]):
         if kind is not None:
             self._stop.set()
             self._thread.join()
+
+
+class Stream:
+    """Tasks run one after another, in the order given, on a second stream: `put` hands one
+    over and returns at once (a Future of its value). Leaving the block waits for every task and
+    raises the first one's error; leaving it with an exception drops what is left."""
+
+    def __init__(self, name: str) -> None:
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], object], Future] | None] = (
+            queue.SimpleQueue()
+        )
+        self._side = Alongside(self._drain, name)
+
+    def put(self, task: Callable[[], T]) -> Future[T]:
+        done: Future[T] = Future()
+        self._tasks.put((task, done))
+        return done
+
+    def _drain(self, tick: Callable[[int], None]) -> None:
+        ran = 0
+        while True:
+            try:
+                item = self._tasks.get(timeout=0.05)
+            except queue.Empty:
+                tick(ran)  # raises once this side has failed
+                continue
+            if item is None:
+                return
+            task, done = item
+            try:
+                done.set_result(task())
+            except BaseException as exc:  # ends the stream: its Future and result() raise it
+                done.set_exception(exc)
+                raise
+            ran += 1
+            tick(ran)
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if kind is not None:
+            self._side.__exit__(kind, exc, tb)
+            return
+        self._tasks.put(None)
+        self._side.result()

@@ -14,6 +14,7 @@ grow with groups x blocks^2), so the explorer can show one group.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,15 +40,17 @@ class RecorderOptions:
 class LayerStep:
     """What one layer did in one prefill or decode step, as the session hands it to the recorder.
 
-    exact: the exact block mass [B', G, rows, n] when the session computed it (B' may be just
-    batch element 0, which is all the recorder reads); timings in ms by stage.
+    exact: the exact block mass [B', G, rows, n], computed when called (B' may be just batch
+    element 0, which is all the recorder reads; None: not offered at this context length); the
+    recorder may call it on its second stream, after the session moved on (q and k stay as
+    they were: a cache only ever writes after them). timings in ms by stage.
     """
 
     phase: str
     step: int
     layer: int
     plan: LayerPlan | None
-    exact: torch.Tensor | None
+    exact: Callable[[], torch.Tensor] | None
     q: torch.Tensor
     k: torch.Tensor
     key_valid: torch.Tensor
@@ -55,6 +58,18 @@ class LayerStep:
     block_size: int
     density_target: float | None
     timings: dict[str, float]
+
+
+@dataclass
+class _Staged:
+    """A record as staged from its layer step, waiting for its exact mass."""
+
+    rec: LayerRecord
+    real: np.ndarray
+    a_g: np.ndarray | None
+    w_g: np.ndarray | None
+    sel_g: np.ndarray | None
+    change: WalkChange | None
 
 
 def _np(x: torch.Tensor | None) -> np.ndarray | None:
@@ -75,7 +90,10 @@ class Recorder:
     group_layers: list[LayerRecord] = field(
         default_factory=list
     )  # per KV-head group (phase 'prefill:g1')
-    walk_effect: list[dict] = field(default_factory=list)  # per prefill layer (walk_effect_of)
+    walk_effect: list[dict] = field(default_factory=list)  # per prefill layer (walk_gain)
+    # where a record's exact mass and metrics are computed: None, at once; else handed to this
+    # (a second stream's `put`, engine/run/alongside.py), which runs them in order
+    later: Callable[[Callable[[], None]], None] | None = None
 
     def observes(self, phase: str) -> bool:
         """Which layer steps it records: prefill, and decode unless switched off (not chunks)."""
@@ -87,19 +105,25 @@ class Recorder:
     def record(self, obs: LayerStep) -> None:
         """One record for batch element 0; group dimensions are averaged (selected: any group).
 
-        The layer's block tensors are copied to the host once, and the metrics are computed on
-        those copies in numpy: a decode step's rows are one query block by n, where each torch
-        op would cost more in dispatch than in arithmetic."""
+        The layer's block tensors are copied to the host once, here (the walk goes on updating
+        some of them), and the metrics are computed on those copies in numpy: a decode step's
+        rows are one query block by n, where each torch op would cost more in dispatch than in
+        arithmetic. With `later` set, the exact mass and the metrics are computed there."""
         if not self.observes(obs.phase):
             return
+        staged = self._stage(obs)
+        if self.later is None:
+            self._finish(staged, obs.exact)
+        else:
+            self.later(lambda: self._finish(staged, obs.exact))
+
+    def _stage(self, obs: LayerStep) -> _Staged:
+        """What a record reads of the layer step, as host copies: all but the exact mass."""
         plan, q, block_size, timings = obs.plan, obs.q, obs.block_size, obs.timings
         n = -(-obs.k.shape[2] // block_size)
-        exact_t = None if obs.exact is None else obs.exact[:1].float()  # [1, G, rows, n]
-        rows = exact_t.shape[2] if exact_t is not None else -(-q.shape[2] // block_size)
-        q_blocks = np.arange(n - rows, n)
+        rows = -(-q.shape[2] // block_size)
         real = _np(self._real_rows(obs.key_valid[:1], q.shape[2], block_size, rows))
-        exact_g, exact = _group_and_mean(exact_t)
-        a_g = w_g = sel_g = a = w = sel = None
+        a_g = w_g = sel_g = a = w = sel = change = None
         if plan is not None:
             a_g, a = _group_and_mean(
                 plan.estimate[:1].float() if plan.estimate is not None else None
@@ -110,19 +134,17 @@ class Recorder:
                 sel_g = _np(selection_mask(plan.selection, n)[0])  # [G, rows, n]
                 sel = sel_g.any(0)
             if plan.alternative is not None and plan.selection is not None:
-                self.walk_effect.append(
-                    {"layer": obs.layer, **walk_effect_of(plan, n, exact_g, real)}
-                )
+                change = walk_change(plan, n)
         rec = LayerRecord(
             phase=obs.phase,
             step=obs.step,
             layer=obs.layer,
             dense=plan is None or plan.selection is None,
             n_blocks=n,
-            q_blocks=q_blocks,
+            q_blocks=np.arange(n - rows, n),
             sketch=a,
             walk=w,
-            exact=exact,
+            exact=None,
             selected=sel,
             density_target=obs.density_target,
             density_achieved=plan.selection.density
@@ -134,12 +156,25 @@ class Recorder:
             t_attention_ms=timings.get("attention"),
             t_dense_ms=timings.get("dense"),
         )
-        _score_against(rec, exact, a, w, sel, real)
+        return _Staged(rec, real, a_g, w_g, sel_g, change)
+
+    def _finish(self, st: _Staged, exact_of: Callable[[], torch.Tensor] | None) -> None:
+        """The record's exact mass (where the session offers it) and its errors against it."""
+        rec, real, sel_g = st.rec, st.real, st.sel_g
+        exact_t = None if exact_of is None else exact_of()[:1].float()  # [1, G, rows, n]
+        exact_g, rec.exact = _group_and_mean(exact_t)
+        if st.change is not None:
+            self.walk_effect.append({"layer": rec.layer, **walk_gain(st.change, exact_g, real)})
+        _score_against(rec, rec.exact, rec.sketch, rec.walk, rec.selected, real)
         self.layers.append(rec)
-        if sel_g is not None and sel_g.shape[0] > 1 and n <= self.options.group_max_blocks:
+        if (
+            sel_g is not None
+            and sel_g.shape[0] > 1
+            and rec.n_blocks <= self.options.group_max_blocks
+        ):
             if exact_g is not None and exact_g.shape[0] != sel_g.shape[0]:
                 exact_g = None  # pooled otherwise than the groups selected
-            self._group_records(rec, sel_g, a_g, w_g, exact_g, real)
+            self._group_records(rec, sel_g, st.a_g, st.w_g, exact_g, real)
 
     def _group_records(
         self,
@@ -231,27 +266,39 @@ def _walk_scores(plan: LayerPlan) -> torch.Tensor | None:
     return plan.walk_scores
 
 
-def walk_effect_of(
-    plan: LayerPlan, n: int, exact_g: np.ndarray | None, real: np.ndarray
-) -> dict[str, float | int | bool | None]:
-    """What the walk changes in one layer's selection (batch element 0, summed over groups):
-    blocks the walk's selection keeps that A_l's alone would not (added) and the reverse
-    (dropped), and, where the exact mass was recorded, the mass it gains per real query block
-    row (added minus dropped, averaged over the groups). used: the run selected with the walk."""
+@dataclass(frozen=True)
+class WalkChange:
+    """The blocks the walk's selection keeps that A_l's alone would not (added) and the reverse
+    (dropped), batch element 0, per group [G, rows, n]. used: the run selected with the walk."""
+
+    used: bool
+    added: np.ndarray
+    dropped: np.ndarray
+
+
+def walk_change(plan: LayerPlan, n: int) -> WalkChange:
     alt = plan.alternative
     mine = _np(selection_mask(plan.selection, n)[0])  # [G, rows, n]
     other = _np(selection_mask(alt.selection, n)[0])
     with_walk, without = (other, mine) if alt.walks else (mine, other)
     rows = mine.shape[1]
     causal = np.tril(np.ones((rows, n), dtype=bool), n - rows)
-    added = with_walk & ~without & causal
-    dropped = without & ~with_walk & causal
+    return WalkChange(not alt.walks, with_walk & ~without & causal, without & ~with_walk & causal)
+
+
+def walk_gain(
+    change: WalkChange, exact_g: np.ndarray | None, real: np.ndarray
+) -> dict[str, float | int | bool | None]:
+    """What the walk changes in one layer's selection (summed over groups), and, where the
+    exact mass was recorded, the mass it gains per real query block row (added minus dropped,
+    averaged over the groups)."""
+    added, dropped = change.added, change.dropped
     gain = None
-    if exact_g is not None and exact_g.shape[0] == mine.shape[0]:
+    if exact_g is not None and exact_g.shape[0] == added.shape[0]:
         per_row = (exact_g * added).sum(-1) - (exact_g * dropped).sum(-1)  # [G, rows]
         gain = float(per_row[:, real].mean()) if bool(real.any()) else 0.0
     return {
-        "used": not alt.walks,
+        "used": change.used,
         "added": int(added.sum()),
         "dropped": int(dropped.sum()),
         "mass_gain": gain,

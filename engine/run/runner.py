@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import statistics
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -27,7 +28,7 @@ from sketchwalk.engine.hf.hook import NAME
 from sketchwalk.engine.hf.session import dense_context, sketch_walk_session
 from sketchwalk.engine.method.config import SketchWalkConfig
 from sketchwalk.engine.method.walk import COUNTERFACTUAL_BETA
-from sketchwalk.engine.run.alongside import Alongside, Handoff, spare_core
+from sketchwalk.engine.run.alongside import Alongside, Handoff, Stream, spare_core
 from sketchwalk.engine.run.memory import PeakMemory
 from sketchwalk.engine.run.metrics import (
     PromptComparison,
@@ -466,7 +467,8 @@ def _run(
     # passes do, beside the clean sparse ones (a recorded 2k-token run: ~3 s of dense SDPA)
     rec_opts = opts.recorder if speed else replace(opts.recorder, time_dense=False)
     recorder = Recorder(rec_opts) if opts.record else None
-    compared: list[Alongside[PromptComparison]] = []
+    stream: Stream | None = None
+    compared: list[Future[PromptComparison]] = []
     running = contextlib.ExitStack()  # the second stream's work: stopped if this side fails
 
     def dense_done() -> int:
@@ -479,25 +481,26 @@ def _run(
     def on_prefill(hidden: torch.Tensor) -> None:
         if dense_side is not None:  # a new prompt: its dense side compares once it is done
             sparse_prompt.put(hidden)
-        elif alongside and known is not None:  # only the sparse side's head is left to run
-            side = Alongside(
-                lambda _: _compare(parts, dense, hidden, ids, known, None),
-                "sketchwalk-prompt-comparison",
-            )
-            compared.append(running.enter_context(side))
+        elif stream is not None and known is not None:  # only the sparse side's head is left
+            compared.append(stream.put(lambda: _compare(parts, dense, hidden, ids, known, None)))
 
     model.set_attn_implementation(NAME)
     try:
         with running:
             if dense_side is not None:
                 running.enter_context(dense_side)
+            elif alongside:  # a known prompt leaves the spare core to the recorder's exact
+                # mass and metrics, in order, and to the comparison once the prefill is done
+                stream = running.enter_context(Stream("sketchwalk-second-stream"))
+                if recorder is not None:
+                    recorder.later = stream.put
             with sketch_walk_session(cfg, recorder, on_layer, opts.kernel_backend) as session:
                 sparse = greedy(model, ids, opts.max_new_tokens, eos, on_prefill=on_prefill)
             if dense_side is not None:
                 report(passes - 1, "waiting for the dense side")
                 dense, known, comparison = dense_side.result()
-            else:
-                comparison = compared[0].result() if compared else None
+        if dense_side is None:
+            comparison = compared[0].result() if compared else None
     finally:
         model.set_attn_implementation("sdpa")
 

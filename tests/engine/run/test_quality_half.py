@@ -180,12 +180,14 @@ def _two_densities(tiny, monkeypatch, spare: bool):
     without a spare core; the names of the threads the runner started beside it."""
     from sketchwalk.engine.run import runner as runner_mod
     from sketchwalk.engine.run.alongside import Alongside as real
+    from sketchwalk.engine.run.alongside import Stream
 
     monkeypatch.setattr(runner_mod, "spare_core", lambda device: spare)
     names: list[str] = []
     monkeypatch.setattr(
         runner_mod, "Alongside", lambda work, name: names.append(name) or real(work, name)
     )
+    monkeypatch.setattr(runner_mod, "Stream", lambda name: names.append(name) or Stream(name))
     tiny.dense_memo = None
     prompt, opts = license_text()[:900], RunOptions(max_new_tokens=3)
     runs = [
@@ -196,12 +198,12 @@ def _two_densities(tiny, monkeypatch, spare: bool):
 
 
 def test_the_quality_half_on_a_spare_core_gives_what_it_gives_in_turn(tiny, monkeypatch):
-    """With a core to spare, the dense side of a new prompt and the prompt comparison of a
-    known one run in a second thread beside the sparse side: the same generations, metrics,
-    tokens and per-layer records as one after the other."""
+    """With a core to spare, the dense side of a new prompt, and the recorder's exact mass and
+    metrics and the prompt comparison of a known one, run in a second thread beside the sparse
+    side: the same generations, metrics, tokens and per-layer records as one after the other."""
     in_turn, none = _two_densities(tiny, monkeypatch, spare=False)
     beside, names = _two_densities(tiny, monkeypatch, spare=True)
-    assert none == [] and names == ["sketchwalk-dense-side", "sketchwalk-prompt-comparison"]
+    assert none == [] and names == ["sketchwalk-dense-side", "sketchwalk-second-stream"]
     for a, b in zip(in_turn, beside, strict=True):
         assert (a.dense_text, a.sparse_text) == (b.dense_text, b.sparse_text)
         assert a.metrics == b.metrics
@@ -212,6 +214,9 @@ def test_the_quality_half_on_a_spare_core_gives_what_it_gives_in_turn(tiny, monk
             for name in ("sketch", "walk", "exact", "selected"):
                 x, y = getattr(ra, name), getattr(rb, name)
                 assert (x is None) == (y is None) and (x is None or (x == y).all()), name
+            for name in ("sketch_error", "walk_error", "mass_recall", "density_achieved"):
+                assert getattr(ra, name) == getattr(rb, name), name
+        assert any(r.mass_recall is not None for r in b.layers if r.phase == "decode")
 
 
 def test_a_failing_side_fails_the_run_and_stops_the_other(tiny, monkeypatch):
@@ -238,7 +243,7 @@ def test_a_failing_side_fails_the_run_and_stops_the_other(tiny, monkeypatch):
         if message.startswith("sparse decode"):
             raise KeyboardInterrupt("cancelled")
 
-    sides = ("sketchwalk-dense-side", "sketchwalk-prompt-comparison")
+    sides = ("sketchwalk-dense-side", "sketchwalk-second-stream")
     tiny.dense_memo = None
     with pytest.raises(KeyboardInterrupt):  # a new prompt: its dense side runs beside
         run(tiny, prompt, cfg, opts, progress=cancel, speed=False)
