@@ -95,12 +95,14 @@ def distance_to_oracle(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 def format_frontier(rows: Iterable[dict[str, Any]]) -> str:
     """A plain table: one line per (variant, method, density), oracle first in each variant;
     `selection` is the cell's selection time over the dense model's attention time."""
+    ranked = distance_to_oracle(rows)
+    w = max([11] + [len(r["method"]) for r in ranked])  # xattention-threshold is 20
     lines = [
-        f"{'variant':12s} {'method':11s} {'target':>6s} {'achieved':>8s} {'KL':>7s} "
+        f"{'variant':12s} {'method':{w}s} {'target':>6s} {'achieved':>8s} {'KL':>7s} "
         f"{'top-1':>6s} {'ppl':>14s} {'KL-oracle':>9s} {'selection':>9s}"
     ]
     ranked = sorted(
-        distance_to_oracle(rows),
+        ranked,
         key=lambda r: (
             r["length"],
             r["config"].get("block_size"),
@@ -117,7 +119,7 @@ def format_frontier(rows: Iterable[dict[str, Any]]) -> str:
     for r in ranked:
         ppl = f"{f(r['ppl_dense'], '.2f')}->{f(r['ppl_sparse'], '.2f')}"
         lines.append(
-            f"{r['variant']:12s} {r['method']:11s} {r['density_target']:6.2f} "
+            f"{r['variant']:12s} {r['method']:{w}s} {r['density_target']:6.2f} "
             f"{f(r['density_achieved'], '8.3f')} {f(r['kl_mean'], '7.4f')} "
             f"{f(r['top1_agreement'], '6.3f')} {ppl:>14s} {f(r['kl_gap'], '+9.4f')} "
             f"{f(r['selection_share'], '9.1%')}"

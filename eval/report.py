@@ -14,7 +14,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-METHOD_ORDER = ("sketchwalk", "nowalk", "oracle", "streaming", "quest", "xattention")
+METHOD_ORDER = (
+    "sketchwalk",
+    "nowalk",
+    "oracle",
+    "streaming",
+    "quest",
+    "xattention",
+    "xattention-threshold",
+)
 COLUMNS = (
     ("task", "task", "{}"),
     ("source", "source", "{}"),

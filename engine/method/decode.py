@@ -350,7 +350,7 @@ def decode_step(  # many parameters: a decode layer's inputs, the optional ones 
         rows = torch.tensor([cur], device=q.device)
         x = ScoreInputs(s.shape, q.device, rows, b, r, s, exact, q, keys, key_valid, scale)
         scores = method_scores(cfg, x)
-        if all_valid:
+        if all_valid and cfg.method_spec.rule is None:  # the budget's fast path
             sel = decode_row_selection(scores, cur, ForcedRule.of(cfg), cfg.rates)
             if sel is not None:
                 return sel

@@ -116,10 +116,12 @@ def choose_blocks(
     tail: bool = True,
     step: StepPlan | None = None,
 ) -> BlockLists:
-    """The config's selection rule over scores [B, G, R, n] for query-block rows `rows`. step:
+    """The config's selection rule over scores [B, G, R, n] for query-block rows `rows` (the
+    density budget, or the method's own rule where it declares one). step:
     the forward step's shared values, where the budget masks are built once for all its layers
     (rows, start, end and real_rows are the same at every layer of a step)."""
-    rule = ForcedRule.of(cfg)
+    own = cfg.method_spec.rule  # a method's own rule (a threshold) in place of the budget
+    rule = ForcedRule.of(cfg) if own is None else own.forced(cfg.block_size)
     dense_rows = rows >= n_blocks - cfg.dense_tail_blocks if tail else None
 
     def masks() -> tuple:
@@ -129,6 +131,9 @@ def choose_blocks(
 
     tail_rows = cfg.dense_tail_blocks if tail else None
     key = ("masks", tuple(scores.shape), rule, cfg.rows_per_list, tail_rows, real_rows is None)
+    built = masks() if step is None else step.once(key, masks)
+    if own is not None:
+        return own.select(scores, built, cfg.block_size)
     return select_blocks(
         scores,
         rows,
@@ -141,7 +146,7 @@ def choose_blocks(
         cfg.budget,
         cfg.rows_per_list,
         cfg.pool,
-        masks() if step is None else step.once(key, masks),
+        built,
     )
 
 

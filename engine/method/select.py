@@ -15,6 +15,10 @@ pairs, is spread one of two ways:
 With query tiles (config query_block), consecutive rows share one list: the layer budget then
 goes to (tile, key block) pairs, each costing the rows that see it (group_budget_keep).
 Either way the achieved density is reported, never assumed.
+
+A method may bring its own rule instead of the budget (Method.rule): ThresholdRule keeps, per
+row, the fewest blocks whose estimated mass reaches a threshold (XAttention's selection), at
+whatever density that comes to, counted the same way.
 """
 
 from __future__ import annotations
@@ -230,6 +234,57 @@ def selection_from_mask(
     return BlockLists(
         index, count, block_size, key_blocks=keep.shape[-1], kept=kept, candidates=total
     )
+
+
+@dataclass(frozen=True)
+class ThresholdRule:
+    """A cumulative-mass threshold in place of the density budget: per row and selection group,
+    the forced blocks, then the fewest further candidates, largest estimated mass first, whose
+    mass together reaches `threshold` of the row's estimated mass over its candidates
+    (threshold_keep). The idea is XAttention's (Xu et al. 2025, "XAttention: Block Sparse
+    Attention with Antidiagonal Scoring", mit-han-lab/x-attention), whose selection always keeps
+    a row's first key block and its diagonal block: `forced` gives that set (the first real block
+    and the diagonal; a config's dense tail rows still stay dense). The density it achieves is
+    its own, counted over the real rows' causal pairs as every selection's is."""
+
+    threshold: float
+
+    def forced(self, block_size: int) -> ForcedRule:
+        """The blocks kept whatever the scores: the first real block and the diagonal."""
+        return ForcedRule(block_size, sink_blocks=1, window_blocks=0)
+
+    def select(self, scores: torch.Tensor, masks: tuple, block_size: int) -> BlockLists:
+        """Lists from scores [B, G, nq, nk] and budget_masks' result for the forced rule above;
+        rows of a query tile share the union of their rows' blocks (within each row's
+        candidates)."""
+        cand, forced, tiles, rows = masks
+        keep = threshold_keep(scores, cand, forced, self.threshold)
+        if tiles is not None:
+            keep = (_tile_sums(keep, tiles) > 0)[:, :, tiles.gid] & cand[:, None]
+        keep = keep | forced[:, None]  # padding rows still get their forced blocks
+        return selection_from_mask(keep, cand, rows, block_size)
+
+
+def threshold_keep(
+    scores: torch.Tensor, cand: torch.Tensor, forced: torch.Tensor, threshold: float
+) -> torch.Tensor:
+    """[B, G, nq, nk] kept: per row, its forced candidates, then free candidates in decreasing
+    score while the mass kept before each is below threshold x the row's mass (the block that
+    crosses it is kept), so every row reaches the threshold with the fewest blocks, or keeps all
+    its candidates. Scores are read as non-negative masses (negatives count as 0); cand, forced
+    [B, nq, nk] as budget_masks gives them."""
+    mass = torch.where(cand[:, None], scores.float().clamp(min=0.0), 0.0)
+    need = threshold * mass.sum(-1, keepdim=True)
+    fixed = (cand & forced)[:, None]
+    got = torch.where(fixed, mass, 0.0).sum(-1, keepdim=True)
+    free = (cand & ~forced)[:, None].expand_as(mass)
+    ranked = torch.where(free, mass, -1.0)  # every free block before every other (mass >= 0)
+    vals, order = ranked.sort(dim=-1, descending=True, stable=True)
+    vals = vals.clamp(min=0.0)
+    before = got + torch.nn.functional.pad(vals.cumsum(-1)[..., :-1], (1, 0))
+    take = (before < need) & free.gather(-1, order)
+    keep = torch.zeros_like(free).scatter_(-1, order, take)
+    return keep | fixed
 
 
 def group_rates(

@@ -213,6 +213,16 @@ def test_a_density_a_little_above_a_small_target_is_not_a_green_check():
     assert item.level == "warn" and "far above the target 0.05" in warning
 
 
+def test_a_threshold_methods_density_is_its_own_not_far_from_a_target():
+    from sketchwalk.app import verdict
+
+    item, warning = verdict.density_item(
+        {"metrics": {"density_achieved": 0.49, "density_target": 0.2}, "prompt_tokens": 2048,
+         "config": {"density": 0.2, "block_size": 128, "method": "xattention-threshold"}}
+    )  # fmt: skip
+    assert item.level == "ok" and warning is None and item.note == "its own (no target)"
+
+
 def test_bad_knob_values_disable_run_with_one_line(fresh, tiny_model):
     from transformers import AutoConfig
 

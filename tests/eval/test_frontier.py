@@ -44,6 +44,34 @@ def test_frontier_cells_pair_every_method_with_the_oracle(tiny_model, tmp_path, 
     assert all(selection_share(r) > 0 for r in stored.to_dict("records"))
 
 
+def test_frontier_runs_xattentions_threshold_beside_its_budgeted_row(tiny_model, capsys):
+    """XAttention's own operating point goes through the frontier like any method: its cell
+    reports the density its threshold kept (not the target), beside the oracle's and the
+    budgeted xattention's at the same blocks."""
+    argv = ["frontier", "--model", tiny_model, "--lengths", "384", "--blocks", "16"]
+    argv += ["--granularity", "group", "--methods", "xattention,xattention-threshold"]
+    argv += ["--densities", "0.2", "--dense-layers", "", "--query-block", "0", "--no-store"]
+    argv += [
+        "--sink-blocks",
+        "0",
+        "--window-blocks",
+        "0",
+    ]  # the budget's; the threshold's are its own
+    assert main([*argv, "--json"]) == 0
+    rows = {r["method"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"oracle", "xattention", "xattention-threshold"}
+    own = rows["xattention-threshold"]
+    assert own["kl_oracle"] == rows["oracle"]["kl_mean"] and own["kl_mean"] > 0
+    assert abs(rows["xattention"]["density_achieved"] - 0.2) < 0.1
+    assert 0.3 < own["density_achieved"] < 1.0  # the random tiny model's attention is flat
+    assert own["config"]["method"] == "xattention-threshold"
+    assert main(argv) == 0  # the plain table fits the longer method name
+    table = capsys.readouterr().out.splitlines()
+    line = next(x for x in table if "xattention-threshold" in x)
+    assert line.split()[4] == f"{own['density_achieved']:.3f}"  # b16 group, method, target
+    assert line.index(" 0.20 ") + 5 == table[0].index("target") + 6  # columns stay aligned
+
+
 def test_distance_to_oracle_is_the_gap_at_the_same_cell():
     base = dict(model_id="m", task="lm", source="s", length=8, density_target=0.2)
     base.update(density_achieved=0.2, top1_agreement=0.9, ppl_dense=9.0)

@@ -16,10 +16,12 @@ from sketchwalk.engine.method.methods.quest import METHOD as QUEST
 from sketchwalk.engine.method.methods.sketchwalk import METHOD as SKETCHWALK
 from sketchwalk.engine.method.methods.streaming import METHOD as STREAMING
 from sketchwalk.engine.method.methods.xattention import METHOD as XATTENTION
+from sketchwalk.engine.method.methods.xattention_threshold import METHOD as XATTENTION_THRESHOLD
 from sketchwalk.errors import ConfigError
 
 REGISTRY: dict[str, Method] = {
-    m.name: m for m in (SKETCHWALK, NOWALK, ORACLE, STREAMING, QUEST, XATTENTION, DENSE)
+    m.name: m
+    for m in (SKETCHWALK, NOWALK, ORACLE, STREAMING, QUEST, XATTENTION, XATTENTION_THRESHOLD, DENSE)
 }
 
 

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from sketchwalk.engine.method.select import ThresholdRule
+
 
 @dataclass
 class ScoreInputs:
@@ -49,6 +51,8 @@ class Method:
     preview; None where the record cannot reproduce them. reads_sketch: the scores read the
     sketch's block estimate (a or w); a method that does not (streaming, quest, ...) gets the
     cheapest estimate (block means) in a pass nobody records, since nothing reads it there.
+    rule: the method's own selection rule in place of the density budget (a ThresholdRule:
+    the config's density, sink and window then do not apply); None: the budget.
     """
 
     name: str
@@ -60,6 +64,7 @@ class Method:
     chunks: bool = False
     preview: PreviewFn | None = None
     reads_sketch: bool = True
+    rule: ThresholdRule | None = None
 
 
 def valid_or_all(valid: torch.Tensor | None, bsz: int, length: int, device) -> torch.Tensor:

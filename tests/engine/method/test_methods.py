@@ -138,7 +138,7 @@ def test_tiny_model_runs_both_phases_near_the_target(tiny, method):
     assert m["kl_mean"] > 0  # sparse really ran
 
 
-@pytest.mark.parametrize("method", names(sparse_only=True))
+@pytest.mark.parametrize("method", [m for m in names(True) if REGISTRY[m].rule is None])
 def test_every_method_at_density_one_equals_dense(tiny, method):
     cfg = SketchWalkConfig(
         block_size=16, density=1.0, dense_tail_blocks=0, dense_layers=(), method=method
@@ -152,7 +152,9 @@ def test_every_method_at_density_one_equals_dense(tiny, method):
 def test_registry_declares_every_method_once_with_what_it_needs():
     assert names() == tuple(REGISTRY) and "dense" in names() and "dense" not in names(True)
     assert REGISTRY["oracle"].needs_exact and not REGISTRY["sketchwalk"].needs_exact
-    assert {m for m in names(True) if REGISTRY[m].needs_qk} == {"quest", "xattention"}
+    needs_qk = {"quest", "xattention", "xattention-threshold"}
+    assert {m for m in names(True) if REGISTRY[m].needs_qk} == needs_qk
+    assert {m for m in names() if REGISTRY[m].rule is not None} == {"xattention-threshold"}
     assert {m for m in names() if REGISTRY[m].chunks} == {"sketchwalk", "nowalk", "streaming"}
     assert SketchWalkConfig(method="nowalk").effective_beta == 0.0
     assert SketchWalkConfig(method="sketchwalk", beta=0.3).effective_beta == 0.3
@@ -191,7 +193,9 @@ def test_methods_that_do_not_read_the_sketch_get_the_cheap_estimate_only_when_un
             assert cheap.with_(estimator="sampled", query_samples=4) == cfg  # nothing else moved
 
 
-@pytest.mark.parametrize("method", ["streaming", "quest", "xattention", "oracle"])
+@pytest.mark.parametrize(
+    "method", ["streaming", "quest", "xattention", "xattention-threshold", "oracle"]
+)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_cheap_estimate_leaves_a_peers_selection_unchanged(method, seed):
     """Those methods never read the estimate: the same lists with the sampled estimate and with
@@ -216,3 +220,58 @@ def test_a_peers_unrecorded_run_writes_what_its_recorded_run_writes(tiny, method
     assert recorded.sparse_text == plain.sparse_text
     assert recorded.metrics["kl_mean"] == plain.metrics["kl_mean"]
     assert recorded.metrics["density_achieved"] == plain.metrics["density_achieved"]
+
+
+def test_xattention_threshold_scores_at_stride_16_where_xattention_scores_at_8():
+    """The operating point's scores are XAttention's antidiagonal scores at stride 16; the
+    `xattention` method's stay at stride 8 (prefill and decode)."""
+    q, k = qk(t=512, h=4, hkv=2, d=16, seed=2)
+    for lq, shape in ((512, (1, 2, 4, 4)), (1, (1, 2, 1, 4))):
+        qq = q[:, :, -lq:]
+        fn = xattention_prefill_scores if lq > 1 else xattention_decode_scores
+        at16 = fn(qq, k, None, 128, 0.25, 2, stride=16)
+        at8 = fn(qq, k, None, 128, 0.25, 2, stride=8)
+        assert not torch.allclose(at16, at8)
+        assert torch.equal(
+            baseline_scores("xattention-threshold", qq, k, None, 0.25, 128, shape), at16
+        )
+        assert torch.equal(baseline_scores("xattention", qq, k, None, 0.25, 128, shape), at8)
+
+
+def test_xattention_threshold_keeps_the_threshold_whatever_the_density():
+    """The method selects by its own rule: the same lists at any target density, each row
+    reaching 0.9 of its estimated mass with its first and diagonal blocks, causal; and a
+    sharper attention pattern keeps fewer blocks."""
+    from sketchwalk.engine.method.methods.xattention_threshold import THRESHOLD
+
+    q, k = qk(t=128 * 12, h=4, hkv=2, d=16, seed=4)
+    srht = make_srht(16, 128, 0, 2)
+    cfg = SketchWalkConfig(method="xattention-threshold", block_size=128)
+    plan = prefill_plan(q, k, cfg, srht)
+    sel = plan.selection
+    other = prefill_plan(q, k, cfg.with_(density=0.05, sink_blocks=3, window_blocks=4), srht)
+    assert torch.equal(sel.index, other.selection.index) and sel.kept == other.selection.kept
+    mask = selection_mask(sel, 12)
+    assert not mask.triu(1).any()
+    assert mask[..., 0].all() and mask.diagonal(dim1=-2, dim2=-1).all()
+    scores = baseline_scores("xattention-threshold", q, k, None, None, 128, (1, 2, 12, 12))
+    assert torch.all((scores * mask).sum(-1) >= THRESHOLD * scores.sum(-1) - 1e-5)
+    sharp = prefill_plan(q * 8.0, k, cfg, srht).selection
+    assert sharp.density < sel.density
+
+
+def test_xattention_threshold_runs_both_phases_on_a_tiny_model(tiny):
+    """Sparse in prefill and decode at a density of its own: the same run at any target."""
+    got = []
+    for density in (0.3, 0.6):
+        cfg = SketchWalkConfig(
+            block_size=16, density=density, dense_layers=(0,), method="xattention-threshold",
+            query_block=0,  # one list per block: 64-query tiles' unions keep every block here
+        )  # fmt: skip
+        res = run(tiny, PROMPT * 3, cfg, RunOptions(max_new_tokens=4, record=False))
+        m = res.metrics
+        assert 0.3 < m["density_achieved"] < 1.0  # the random tiny model's attention is flat
+        assert m["density_decode"] is not None and 0.0 < m["density_decode"] < 1.0
+        assert m["kl_mean"] > 0  # sparse really ran
+        got.append((m["density_achieved"], m["density_decode"], m["kl_mean"], res.sparse_text))
+    assert got[0] == got[1]

@@ -499,3 +499,105 @@ def test_choose_blocks_builds_the_masks_once_per_step():
             step=StepPlan.of(torch.ones(1, 16 * n, dtype=torch.bool)),
         )
     assert calls == [0, "new"]
+
+
+def threshold_reference(mass, rows, start_block, threshold):
+    """XAttention's selection by hand, one row at a time in float64: the row's first real block
+    and its diagonal, then the other causal blocks largest first until the kept mass reaches
+    threshold x the row's mass over its causal blocks."""
+    keep = torch.zeros(len(rows), mass.shape[-1], dtype=torch.bool)
+    for r, i in enumerate(rows.tolist()):
+        if i < start_block:  # left padding only: nothing to keep
+            continue
+        causal = list(range(start_block, i + 1))
+        m = {j: max(float(mass[r, j]), 0.0) for j in causal}
+        need = threshold * sum(m.values())
+        kept = {start_block, i}
+        got = sum(m[j] for j in kept)
+        for j in sorted(set(causal) - kept, key=lambda j: -m[j]):
+            if got >= need:
+                break
+            kept.add(j)
+            got += m[j]
+        keep[r, sorted(kept)] = True
+    return keep
+
+
+def threshold_scores(batch, groups, nq, nk, seed):
+    """Row distributions from sharp to flat (the temperature varies by row), as block masses."""
+    g = torch.Generator().manual_seed(seed)
+    temp = torch.linspace(0.2, 4.0, nq)[None, None, :, None]
+    return torch.softmax(torch.randn(batch, groups, nq, nk, generator=g) * 4.0 / temp, -1)
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.8, 0.9, 0.99])
+@pytest.mark.parametrize(
+    "batch,groups,n,rows_from,start",
+    [(1, 1, 7, 0, 0), (2, 3, 16, 0, 0), (1, 2, 33, 0, 3), (2, 2, 40, 39, 0), (1, 1, 1, 0, 0)],
+)
+def test_threshold_selection_equals_a_plain_reference(
+    threshold, batch, groups, n, rows_from, start
+):
+    """The fewest blocks reaching the threshold, the first and diagonal blocks always kept,
+    never a future block or one before the sequence's start; every kept row reaches the
+    threshold or keeps all its causal blocks, and dropping its smallest chosen block (not the
+    first or diagonal) would fall below it. Whole prefills, padded starts and one decode row."""
+    b = 16
+    rows = torch.arange(rows_from, n)
+    scores = threshold_scores(batch, groups, len(rows), n, seed=n + batch)
+    rule = select.ThresholdRule(threshold)
+    seq_start = torch.full((batch,), start * b)
+    seq_end = torch.full((batch,), n * b - 5)
+    masks = select.budget_masks(scores.shape, rows, rule.forced(b), seq_start, seq_end)
+    sel = rule.select(scores, masks, b)
+    mask = selection_mask(sel, n)
+    causal = (torch.arange(n)[None, :] <= rows[:, None]) & (torch.arange(n)[None, :] >= start)
+    for bi in range(batch):
+        for gi in range(groups):
+            want = threshold_reference(scores[bi, gi], rows, start, threshold)
+            got = mask[bi, gi]
+            assert torch.equal(got, want)
+            assert not (got & ~causal).any()
+            real = rows >= start
+            assert got[torch.arange(len(rows)), rows][real].all() and got[real, start].all()
+            for r in range(len(rows)):
+                m = scores[bi, gi, r].double() * causal[r]
+                kept = m * got[r]
+                if not got[r][causal[r]].all():
+                    assert kept.sum() >= threshold * m.sum() - 1e-6
+                chosen = got[r] & causal[r]
+                chosen[[start, int(rows[r])]] = False
+                if chosen.any():
+                    smallest = m[chosen].min()
+                    assert kept.sum() - smallest < threshold * m.sum() + 1e-6
+    assert sel.candidates == batch * groups * int(causal.sum())
+    assert sel.kept == int((mask & causal).sum())
+
+
+def test_threshold_selection_keeps_more_blocks_for_flat_rows_and_shares_tiles():
+    """A flat row needs most of its blocks, a peaked one only its forced ones; with query tiles
+    every row of a tile keeps the union of its rows' blocks (within its causal blocks), and
+    every row still reaches the threshold."""
+    n, b = 32, 16
+    scores = torch.full((1, 1, n, n), 1.0)
+    scores[0, 0, :16] = 1e-6
+    scores[0, 0, :16, 0] = 1.0  # rows 0-15: all mass on the first block
+    rule = select.ThresholdRule(0.9)
+    zero, ends = torch.zeros(1, dtype=torch.long), torch.tensor([n * b])
+    masks = select.budget_masks(scores.shape, torch.arange(n), rule.forced(b), zero, ends)
+    mask = selection_mask(rule.select(scores, masks, b), n)[0, 0]
+    assert mask[:16].sum(-1).tolist() == [min(i + 1, 2) for i in range(16)]
+    assert mask[31].sum() >= 0.9 * 32 - 1
+    tiled = select.budget_masks(
+        scores.shape, torch.arange(n), rule.forced(b), zero, ends, row_group=4
+    )
+    tmask = selection_mask(rule.select(scores, tiled, b), n)[0, 0]
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    m = scores[0, 0].double() * causal
+    assert torch.all((m * tmask).sum(-1) >= 0.9 * m.sum(-1) - 1e-9)
+    for t in range(0, n, 4):
+        union = tmask[t : t + 4].any(0)
+        assert torch.equal(tmask[t : t + 4], union[None] & causal[t : t + 4])
+    tile = torch.arange(n)[:, None] // 4 == torch.arange(n)[None, :] // 4
+    peaked = (tile | (torch.arange(n) == 0)[None, :]) & causal
+    assert torch.equal(tmask[:16], peaked[:16])  # block 0 and the tile's diagonal blocks only
