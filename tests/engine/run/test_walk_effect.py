@@ -1,6 +1,6 @@
 """Every recorded run shows the walk: its own scores, or the counterfactual walk's where the run
 selected on A_l alone, and what the walk adds to and drops from the selection (engine/method/pipeline.py
-walk_alternative, engine/run/recorder.py walk_effect_of)."""
+walk_alternative, engine/run/recorder.py walk_change and walk_gain)."""
 
 import torch
 from tiny_models import tiny_llama
