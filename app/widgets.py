@@ -446,6 +446,29 @@ def done_runs(store: Store) -> pd.DataFrame:
     return store.list_runs(status="done")
 
 
+def explorable_runs(store: Store) -> pd.DataFrame:
+    """Runs with their records whole: finished ones, and those whose quality half is stored
+    while their clean passes are timed (status 'running' with metrics: only timings are to
+    come), so a run's heatmaps open as soon as its verdict's quality half shows."""
+    runs = store.list_runs()
+    if runs.empty:
+        return runs
+    saved = runs["metrics"].map(lambda m: bool(m))
+    return runs[(runs["status"] == "done") | ((runs["status"] == "running") & saved)]
+
+
+def run_and_stats(url: str, run_id: str) -> tuple[dict[str, Any], pd.DataFrame]:
+    """A run as pages open it and its per-layer stats: cached once it is done (a finished run
+    never changes); while its speed half is timed, its timings and its layers' dense times are
+    still to come, so both are read again on every rerun until it is done."""
+    run = run_meta(url, run_id)
+    if run.get("status") != "done":
+        run_meta.clear(url, run_id)
+        layer_stats.clear(url, run_id)
+        run = run_meta(url, run_id)
+    return run, layer_stats(url, run_id)
+
+
 def pick_run(
     store: Store, key: str, label: str = "Run", runs: pd.DataFrame | None = None
 ) -> str | None:

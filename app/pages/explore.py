@@ -89,13 +89,12 @@ def walks(config: dict, method: str | None) -> bool:
 
 store = widgets.setup("Explore")
 url = widgets.db_url()
-run_id = widgets.pick_run(store, "explore")
+run_id = widgets.pick_run(store, "explore", runs=widgets.explorable_runs(store))
 if run_id is None:
     st.info("No finished runs yet: start one on the New run page.")
     st.stop()
 
-run = widgets.run_meta(url, run_id)
-stats = widgets.layer_stats(url, run_id)
+run, stats = widgets.run_and_stats(url, run_id)  # a run still timing its speed half: fresh
 view_link.apply(run_id)  # a shared link (?run=&phase=&layer=&group=&token=) opens its view
 blocks = widgets.blocks(url, run_id)
 prompt_tokens = int(run.get("prompt_tokens") or 0)

@@ -271,14 +271,11 @@ def _jobs_panel() -> None:
         if job.id == shown and live is not None:  # quality first, speed items still timing
             widgets.verdict_panel(live, store.layer_stats(job.run_id), "nr")
         elif job.id == shown:  # the run summary: its verdict, where Run leads
-            url = widgets.db_url()
-            meta = widgets.run_meta(url, job.run_id)
-            if meta.get("status") != "done":  # cached while it ran: its speed half came since
-                meta = store.get_run(job.run_id)
-            widgets.verdict_panel(meta, widgets.layer_stats(url, job.run_id), "nr")
+            meta, stats = widgets.run_and_stats(widgets.db_url(), job.run_id)
+            widgets.verdict_panel(meta, stats, "nr")
         if (
-            job.status == "done"
-            and job.run_id
+            job.run_id
+            and (job.status == "done" or (job.id == shown and live is not None))
             and st.button("Open in Explore", key=f"open_{job.id}")
         ):
             st.session_state[widgets.RUN_KEY] = job.run_id

@@ -312,3 +312,42 @@ def test_new_run_shows_the_quality_half_while_the_clean_passes_run(fresh):
     shown = {m.label.split(" :")[0]: m.value for m in at.metric}
     assert shown["KL to dense"] == "0.0100" and shown["Prefill speed"].startswith("1.25×")
     assert not any("timing clean passes" in c.value for c in at.caption)
+
+
+def test_explore_opens_a_run_whose_speed_half_is_still_timed(fresh):
+    """A run whose quality half is stored (its clean passes still running) opens in Explore
+    with its heatmaps, and New run offers to open it there; once its speed half is written,
+    the same session shows the speed-up (nothing read while it ran stays cached)."""
+    import dataclasses
+
+    from known_runs import known_result
+
+    from sketchwalk.app.widgets import JOBS_KEY
+
+    res = known_result()
+    res.metrics = {"kl_mean": 0.01, "top1_agreement": 0.97, "density_achieved": 0.25}
+    res.layers = [dataclasses.replace(r, mass_recall=0.9) for r in res.layers]
+    with open_store(fresh) as store:
+        job_id = store.enqueue_job({"prompt": res.prompt})
+        fence = (job_id, store.claim_job("w").claim)
+        rid = store.create_run({"prompt": res.prompt, "config": res.config}, "running", fence)
+        queued = store.create_run({"prompt": "not run yet"}, "running")  # no quality half
+        store.save_quality(rid, res, job=fence, progress=0.4)
+    at = new_app()
+    at.session_state[JOBS_KEY] = [job_id]
+    _page(at.run(), "new_run")
+    assert any(b.label == "Open in Explore" for b in at.button)
+    _page(at, "explore", rid)
+    assert at.selectbox(key="explore_run").value == rid
+    assert queued not in at.selectbox(key="explore_run").options
+    assert at.get("plotly_chart"), "no heatmap for the run"
+    shown = {m.label.split(" :")[0]: m.value for m in at.metric}
+    assert shown["KL to dense"] == "0.0100" and shown["Prefill speed"] == "…"
+
+    t = _timed(((1000.0, 800.0), (1000.0, 800.0), (1000.0, 800.0)))
+    with open_store(fresh) as store:
+        store.save_speed(rid, t, job=fence)
+    at.run()
+    assert not at.exception, at.exception
+    shown = {m.label.split(" :")[0]: m.value for m in at.metric}
+    assert shown["Prefill speed"].startswith("1.25×")
