@@ -15,7 +15,7 @@ grow with groups x blocks^2), so the explorer can show one group.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ import torch
 from sketchwalk.engine.method.pipeline import LayerPlan
 from sketchwalk.engine.method.select import selection_mask
 from sketchwalk.engine.run.records import LayerRecord, group_phase
+from sketchwalk.kernels import BlockLists
 
 
 @dataclass
@@ -72,6 +73,38 @@ class _Staged:
     change: WalkChange | None
 
 
+def _own(x: torch.Tensor | None) -> torch.Tensor | None:
+    """Batch element 0 of a tensor, as a copy of its own."""
+    return None if x is None else x[:1].clone()
+
+
+def _own_lists(sel: BlockLists | None) -> BlockLists | None:
+    if sel is None:
+        return None
+    start = None if sel.seq_start is None else sel.seq_start.clone()
+    return replace(sel, index=sel.index.clone(), count=sel.count.clone(), seq_start=start)
+
+
+def _frozen(obs: LayerStep) -> LayerStep:
+    """The layer step with copies of the plan's tensors a record reads: the decode state goes
+    on writing into its estimate and walk buffers, and a kept selection's lists, after the
+    session moves on. q and k are left as they are (a cache only ever writes after them)."""
+    plan = obs.plan
+    if plan is not None:
+        alt = plan.alternative
+        if alt is not None:
+            alt = replace(alt, selection=_own_lists(alt.selection), walk=_own(alt.walk))
+        plan = replace(
+            plan,
+            estimate=_own(plan.estimate),
+            walk_scores=_own(plan.walk_scores),
+            selection=_own_lists(plan.selection),
+            sketched=None,
+            alternative=alt,
+        )
+    return replace(obs, plan=plan, key_valid=obs.key_valid[:1].clone())
+
+
 def _np(x: torch.Tensor | None) -> np.ndarray | None:
     """A record's own copy: a view (one group of the plan's [B, G, n, n] scores, say) would keep
     the whole tensor alive for the rest of the run."""
@@ -105,17 +138,17 @@ class Recorder:
     def record(self, obs: LayerStep) -> None:
         """One record for batch element 0; group dimensions are averaged (selected: any group).
 
-        The layer's block tensors are copied to the host once, here (the walk goes on updating
-        some of them), and the metrics are computed on those copies in numpy: a decode step's
-        rows are one query block by n, where each torch op would cost more in dispatch than in
-        arithmetic. With `later` set, the exact mass and the metrics are computed there."""
+        The layer's block tensors are copied to the host once, and the metrics are computed on
+        those copies in numpy: a decode step's rows are one query block by n, where each torch
+        op would cost more in dispatch than in arithmetic. With `later` set, all of it is done
+        there, from copies of what the session goes on updating (_frozen)."""
         if not self.observes(obs.phase):
             return
-        staged = self._stage(obs)
         if self.later is None:
-            self._finish(staged, obs.exact)
+            self._finish(self._stage(obs), obs.exact)
         else:
-            self.later(lambda: self._finish(staged, obs.exact))
+            step = _frozen(obs)
+            self.later(lambda: self._finish(self._stage(step), step.exact))
 
     def _stage(self, obs: LayerStep) -> _Staged:
         """What a record reads of the layer step, as host copies: all but the exact mass."""

@@ -189,7 +189,7 @@ def _two_densities(tiny, monkeypatch, spare: bool):
     )
     monkeypatch.setattr(runner_mod, "Stream", lambda name: names.append(name) or Stream(name))
     tiny.dense_memo = None
-    prompt, opts = license_text()[:900], RunOptions(max_new_tokens=3)
+    prompt, opts = license_text()[:900], RunOptions(max_new_tokens=12)  # re-selections too
     runs = [
         run(tiny, prompt, SketchWalkConfig(block_size=16, density=d), opts, speed=False)
         for d in (0.5, 0.3)
@@ -204,7 +204,48 @@ def test_the_quality_half_on_a_spare_core_gives_what_it_gives_in_turn(tiny, monk
     in_turn, none = _two_densities(tiny, monkeypatch, spare=False)
     beside, names = _two_densities(tiny, monkeypatch, spare=True)
     assert none == [] and names == ["sketchwalk-dense-side", "sketchwalk-second-stream"]
-    for a, b in zip(in_turn, beside, strict=True):
+    _same_runs(in_turn, beside)
+
+
+class _LateStream:
+    """A second stream at its slowest: every task runs only once the sparse side is done."""
+
+    def __init__(self, name: str) -> None:
+        self.tasks: list = []
+
+    def put(self, task):
+        from concurrent.futures import Future
+
+        done: Future = Future()
+        self.tasks.append((task, done))
+        return done
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        for task, done in self.tasks if kind is None else []:
+            done.set_result(task())
+
+
+def test_records_finished_late_are_the_records_of_their_step(tiny, monkeypatch):
+    """The recorder's work on a known prompt may run long after its layer step (the stream
+    lags the sparse side): what it reads is copied at the step, so records finished after the
+    whole decode equal those made in place."""
+    from sketchwalk.engine.run import runner as runner_mod
+
+    in_turn, _ = _two_densities(tiny, monkeypatch, spare=False)
+    monkeypatch.setattr(runner_mod, "spare_core", lambda device: True)
+    tiny.dense_memo = None
+    prompt, opts = license_text()[:900], RunOptions(max_new_tokens=12)
+    run(tiny, prompt, SketchWalkConfig(block_size=16, density=0.5), opts, speed=False)
+    monkeypatch.setattr(runner_mod, "Stream", _LateStream)
+    late = run(tiny, prompt, SketchWalkConfig(block_size=16, density=0.3), opts, speed=False)
+    _same_runs(in_turn[1:], [late])
+
+
+def _same_runs(runs_a: list, runs_b: list) -> None:
+    for a, b in zip(runs_a, runs_b, strict=True):
         assert (a.dense_text, a.sparse_text) == (b.dense_text, b.sparse_text)
         assert a.metrics == b.metrics
         assert a.tokens == b.tokens
