@@ -1,7 +1,7 @@
 """How long a person waits in the app: Run clicked -> the run's quality verdict on the New run
-page -> a heatmap of it in Explore (a new tab, opened then: the run's records are stored with its
-quality half) -> the verdict with its speed half; then the same for the same prompt at another
-density (--second-density), whose dense side is reused.
+page -> a heatmap of it in Explore ("Open in Explore" clicked then: the run's records are stored
+with its quality half) -> the verdict with its speed half, back on New run; then the same for
+the same prompt at another density (--second-density), whose dense side is reused.
 
 Starts `sketchwalk app` on a fresh DuckDB file, drives it with Chromium (Debian's, through
 playwright, as tests/e2e does), submits one run with the page's defaults (SmolLM2, density 0.2,
@@ -51,28 +51,21 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> N
     raise SystemExit("app_latency: the app did not start")
 
 
-def _heatmap_tab(page: Page, url: str, t0: float) -> float:
-    """Seconds from t0 to the first heatmap of a new tab on Explore, which opens the newest run
-    with its records (the one just quality-checked, its clean passes still timing)."""
-    tab = page.context.new_page()
-    tab.goto(f"{url}/explore")
-    tab.locator(".js-plotly-plot .heatmaplayer").first.wait_for()
-    seconds = time.monotonic() - t0
-    tab.close()
-    return seconds
-
-
-def _wait_run(page: Page, url: str, args: argparse.Namespace) -> tuple[float, float, float]:
-    """Click Run; seconds to the quality verdict, to a heatmap in Explore (a new tab opened
-    then) and to the verdict with speed."""
+def _wait_run(page: Page, args: argparse.Namespace, density: float) -> tuple[float, float, float]:
+    """Click Run; seconds to the quality verdict (its target density shown: until then the panel
+    shows an earlier run's), to a heatmap in Explore ("Open in Explore" clicked then: the run's
+    records are stored with its quality half) and, back on New run, to the verdict with speed."""
     t0 = time.monotonic()
     page.get_by_role("button", name="Run", exact=True).click()
     verdict = page.locator(".st-key-nr_verdict")
-    verdict.locator('[data-testid="stMetricValue"]').first.wait_for()
+    verdict.get_by_text(f"target {density:.2f}").first.wait_for()
     t_quality = time.monotonic() - t0
-    t_map = _heatmap_tab(page, url, t0)
+    page.get_by_role("button", name="Open in Explore").first.click()  # the newest run's
+    page.locator(".js-plotly-plot .heatmaplayer").first.wait_for()
+    t_map = time.monotonic() - t0
     if not args.no_clean_timing:  # the speed half: a prefill speed in x
-        verdict.get_by_text("×").first.wait_for()
+        page.get_by_role("link", name="New run").first.click()
+        page.locator(".st-key-nr_verdict").get_by_text("×").first.wait_for()
     return t_quality, t_map, time.monotonic() - t0
 
 
@@ -90,14 +83,14 @@ def _first_run(
     if args.no_clean_timing:
         page.get_by_text("Also time a clean pass", exact=True).click()
         page.wait_for_timeout(1500)
-    waits = _wait_run(page, url, args)
+    waits = _wait_run(page, args, 0.2)
     if args.shot:
         page.wait_for_timeout(1500)  # the panel's last rows settle
         page.locator(".st-key-nr_verdict").screenshot(path=args.shot)
     return waits
 
 
-def _second_run(page: Page, url: str, args: argparse.Namespace) -> tuple[float, float, float]:
+def _second_run(page: Page, args: argparse.Namespace) -> tuple[float, float, float]:
     """The same prompt at --second-density (the density slider moved key by key): _wait_run's
     three waits."""
     page.get_by_role("link", name="New run").first.click()
@@ -109,7 +102,7 @@ def _second_run(page: Page, url: str, args: argparse.Namespace) -> tuple[float, 
         slider.press(key)
         page.wait_for_timeout(250)
     page.wait_for_timeout(1500)
-    return _wait_run(page, url, args)
+    return _wait_run(page, args, args.second_density)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -159,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
             browser = p.chromium.launch(
                 executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"]
             )
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
             page.set_default_timeout(1_800_000)
             first = _first_run(page, url, prompt, args)
-            second = _second_run(page, url, args) if args.second_density else None
+            second = _second_run(page, args) if args.second_density else None
             browser.close()
     finally:
         proc.terminate()
@@ -171,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         if waits is not None:
             print(
                 f"{name}: run clicked -> quality verdict {waits[0]:.1f} s; -> a heatmap in "
-                f"Explore (new tab) {waits[1]:.1f} s; -> verdict with speed {waits[2]:.1f} s"
+                f"Explore {waits[1]:.1f} s; -> verdict with speed {waits[2]:.1f} s"
             )
     return 0
 
