@@ -274,10 +274,9 @@ def test_small_words_three_clean_passes_no_backticks_block_size_in_labels(fresh,
     )
 
 
-def test_new_run_shows_the_quality_half_while_the_clean_passes_run(fresh):
-    """A job whose run has its quality half stored (still running): New run shows the verdict's
-    quality items and "timing clean passes…" for speed; once the speed half is written, the
-    clean speed-up takes its place."""
+def _quality_half_job(fresh):
+    """A job whose run has its quality half stored (the run still 'running'), and New run
+    opened on it: (the AppTest, the run id, the job's fence)."""
     import dataclasses
 
     from known_runs import known_result
@@ -295,6 +294,14 @@ def test_new_run_shows_the_quality_half_while_the_clean_passes_run(fresh):
     at = new_app()
     at.session_state[JOBS_KEY] = [job_id]
     _page(at.run(), "new_run")
+    return at, rid, fence
+
+
+def test_new_run_shows_the_quality_half_while_the_clean_passes_run(fresh):
+    """A job whose run has its quality half stored (still running): New run shows the verdict's
+    quality items and "timing clean passes…" for speed; once the speed half is written, the
+    clean speed-up takes its place."""
+    at, rid, fence = _quality_half_job(fresh)
     shown = {m.label.split(" :")[0]: m.value for m in at.metric}
     assert shown["KL to dense"] == "0.0100" and shown["Top-1 agreement"] == "97.0%"
     assert shown["Achieved density"] == "0.25" and shown["Mass kept"] == "90.0%"
@@ -318,24 +325,9 @@ def test_explore_opens_a_run_whose_speed_half_is_still_timed(fresh):
     """A run whose quality half is stored (its clean passes still running) opens in Explore
     with its heatmaps, and New run offers to open it there; once its speed half is written,
     the same session shows the speed-up (nothing read while it ran stays cached)."""
-    import dataclasses
-
-    from known_runs import known_result
-
-    from sketchwalk.app.widgets import JOBS_KEY
-
-    res = known_result()
-    res.metrics = {"kl_mean": 0.01, "top1_agreement": 0.97, "density_achieved": 0.25}
-    res.layers = [dataclasses.replace(r, mass_recall=0.9) for r in res.layers]
+    at, rid, fence = _quality_half_job(fresh)
     with open_store(fresh) as store:
-        job_id = store.enqueue_job({"prompt": res.prompt})
-        fence = (job_id, store.claim_job("w").claim)
-        rid = store.create_run({"prompt": res.prompt, "config": res.config}, "running", fence)
         queued = store.create_run({"prompt": "not run yet"}, "running")  # no quality half
-        store.save_quality(rid, res, job=fence, progress=0.4)
-    at = new_app()
-    at.session_state[JOBS_KEY] = [job_id]
-    _page(at.run(), "new_run")
     assert any(b.label == "Open in Explore" for b in at.button)
     _page(at, "explore", rid)
     assert at.selectbox(key="explore_run").value == rid
