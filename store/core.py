@@ -6,6 +6,7 @@ every connection goes through the same error translation.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +22,27 @@ from sketchwalk.store.reads import ReadsMixin
 from sketchwalk.store.runs import RunsMixin
 
 
+class Changes:
+    """A count of this process's committed writes to one store, for a reader in the same process
+    that would otherwise poll: `wait` returns as soon as the count moves (the app's worker thread
+    storing a verdict wakes the page that waits for it). Other processes' writes do not move it."""
+
+    def __init__(self) -> None:
+        self._moved = threading.Condition()
+        self.count = 0
+
+    def bump(self) -> None:
+        with self._moved:
+            self.count += 1
+            self._moved.notify_all()
+
+    def wait(self, seen: int, timeout_s: float) -> int:
+        """The count once it differs from `seen`, or after `timeout_s` (then possibly `seen`)."""
+        with self._moved:
+            self._moved.wait_for(lambda: self.count != seen, timeout_s)
+            return self.count
+
+
 class Store(RunsMixin, ReadsMixin, JobsMixin, ExportMixin, EvalsMixin):
     """An open sketchwalk store. Thread-safe to share within one process; close when done.
 
@@ -31,6 +53,7 @@ class Store(RunsMixin, ReadsMixin, JobsMixin, ExportMixin, EvalsMixin):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.url = engine.url.render_as_string(hide_password=True)
+        self.changes = Changes()
 
     @property
     def path(self) -> Path | None:
@@ -41,6 +64,7 @@ class Store(RunsMixin, ReadsMixin, JobsMixin, ExportMixin, EvalsMixin):
     def _begin(self) -> Iterator[Connection]:
         with db.translating(self.engine.url), self.engine.begin() as conn:
             yield conn
+        self.changes.bump()  # committed (a failed write raised above)
 
     @contextmanager
     def _connect(self) -> Iterator[Connection]:

@@ -6,6 +6,7 @@ import streamlit as st
 
 from sketchwalk import access, settings
 from sketchwalk.app import knob_widgets, prompts, widgets
+from sketchwalk.app.live import wait_in_fragment
 from sketchwalk.app.verdict import FAR_ABS, FAR_RATIO, density_floor
 from sketchwalk.engine.method.config import PRESETS, presets_help
 from sketchwalk.engine.run.request import Limits, RequestError, RunRequest
@@ -261,7 +262,16 @@ def _newest_verdict(jobs) -> tuple[str | None, dict | None]:
     return None, None
 
 
+def _panel_signature() -> tuple:
+    """What makes the panel worth redrawing at once: each job's status and whether its quality
+    half is stored (progress lines wait for the next poll)."""
+    return tuple(
+        (job.status, _quality_half(job) is not None) for job in (store.get_job(j) for j in my_jobs)
+    )
+
+
 def _jobs_panel() -> None:
+    wait_in_fragment(store.changes, _panel_signature, limits.poll_s)  # a poll's rerun only
     jobs = [store.get_job(j) for j in reversed(my_jobs)]
     queued = [j.id for j in reversed(store.list_jobs("queued"))]  # oldest first
     shown, live = _newest_verdict(jobs)
