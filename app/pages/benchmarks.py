@@ -17,6 +17,7 @@ import streamlit as st
 
 from sketchwalk import settings
 from sketchwalk.app import figures, widgets
+from sketchwalk.app.live import wait_in_fragment
 from sketchwalk.app.verdict import FAR_ABS, FAR_RATIO, density_floor
 from sketchwalk.eval import job as eval_job
 from sketchwalk.eval import report as eval_report
@@ -146,7 +147,9 @@ EVAL_JOB = "bm_eval_job"
 def _eval_job_panel() -> None:
     """The queued eval's progress; one full rerun when it ends, so its rows show, and then a
     "done" line that stays (outside the expander, which closes once there are rows)."""
-    job = store.get_job(st.session_state[EVAL_JOB])
+    job_id = st.session_state[EVAL_JOB]
+    wait_in_fragment(store.changes, lambda: store.get_job(job_id).status, settings.load().poll_s)
+    job = store.get_job(job_id)
     if job.status == "done":
         secs = widgets.elapsed(job)
         took = f" in {secs:.0f} s" if secs is not None else ""
