@@ -1,13 +1,12 @@
 """A polling fragment that answers as soon as what it shows changes, not at its next poll.
 
 New run's jobs panel (and Benchmarks' eval job) reruns every `poll_s` while a job runs, so a
-verdict the worker stores just after a poll waits for the next one (half a second on average at
-1 s). Polling more often costs
-the cores the run needs (measured: slower verdicts). Instead the fragment's rerun waits for the
-store's write count (`store.core.Changes`, moved by the in-app worker thread's commits) and
-returns when the panel's signature differs, or as soon as the page asks for anything (its next
-poll, a click: a waiting fragment must never delay a person). A worker in another process moves
-no count here, so its page polls as before.
+verdict the worker stores just after a poll waits for the next one (half a second on average at 1
+s). Polling more often costs the cores the run needs (measured: slower verdicts). Instead the
+fragment's rerun waits for the store's write count (`store.core.Changes`, moved by the in-app
+worker thread's commits) and returns when the panel's signature differs, or as soon as the page
+asks for anything (its next poll, a click: a waiting fragment must never delay a person). A worker
+in another process moves no count here, so its page polls as before.
 """
 
 from __future__ import annotations
