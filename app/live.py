@@ -15,6 +15,10 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+from sketchwalk.store.core import Changes
+
 SLICE_S = 0.05
 """How often the wait looks for a request from the page (a click is answered within this)."""
 
@@ -27,7 +31,7 @@ def page_request_pending(requests: Any) -> bool:
 
 
 def wait_for_change(
-    changes: Any,
+    changes: Changes,
     signature: Callable[[], Hashable],
     pending: Callable[[], bool],
     cap_s: float,
@@ -50,11 +54,9 @@ def wait_for_change(
     return False
 
 
-def wait_in_fragment(changes: Any, signature: Callable[[], Hashable], cap_s: float) -> bool:
+def wait_in_fragment(changes: Changes, signature: Callable[[], Hashable], cap_s: float) -> bool:
     """`wait_for_change` in a fragment's own rerun (never in a full page run, which a person is
     waiting for); False at once elsewhere or where Streamlit exposes no script requests."""
-    from streamlit.runtime.scriptrunner import get_script_run_ctx
-
     ctx = get_script_run_ctx()
     requests = getattr(ctx, "script_requests", None)
     if ctx is None or requests is None or not ctx.fragment_ids_this_run:
