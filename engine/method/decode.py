@@ -337,7 +337,8 @@ def decode_step(  # many parameters: a decode layer's inputs, the optional ones 
     def update() -> torch.Tensor:
         """Mutates st in place (it belongs to this sequence) and returns the row estimate r."""
         decode_absorb(st, q, k_new, lk, cfg, srht, None if all_valid else key_valid)
-        refresh_rows(st, d, cfg, cur, all_valid)
+        if cfg.effective_beta:  # only the walk reads A_l in decode; else its rows stay stale
+            refresh_rows(st, d, cfg, cur, all_valid)  # until a key block ends or a chunk reads them
         x = DecodeInputs(st, srht, keys, key_valid, cfg, d, cur, all_valid)
         probs = cfg.estimator_spec.decode(x)  # [B, Hkv, G, 1, n]
         return aggregate_heads(probs, cfg.per_group, cfg.pool)  # [B,G,1,n]

@@ -319,3 +319,31 @@ def test_state_grows_inside_buffers_with_room():
     st.a = st.a.clone()  # not the buffer's view any more: the next growth starts a new buffer
     _grow_state(st, 10)
     assert st.a.data_ptr() != ptr and st.a[0, 0, 6, 6] == 1.0 and st.a.shape[-1] == 10
+
+
+@pytest.mark.parametrize("per_group", [False, True])
+def test_without_the_walk_a_decode_step_leaves_a_l_to_the_key_block_end(per_group):
+    """Only the walk reads A_l in decode: with it off a step recomputes none of its rows (the
+    current one is finished when its key block ends), and every finished row, as a chunk later
+    reads it, equals the one a walking state recomputes at every step."""
+    torch.manual_seed(3)
+    d, block, t = 16, 16, 70
+    base = dict(block_size=block, density=0.3, per_group=per_group, query_window=8, sketch_dim=8)
+    still, walking = SketchWalkConfig(**base), SketchWalkConfig(**base, beta=0.25)
+    q, k = torch.randn(1, 4, t, d), torch.randn(1, 2, t, d)
+    srht = make_srht(d, 8, 0, 3)
+    lazy = start_decode(prefill_plan(q, k, still, srht), q, srht, still)
+    eager = start_decode(prefill_plan(q, k, walking, srht), q, srht, walking)
+    for step in range(1, 2 * block + 3):
+        lk = t + step
+        qn, kn = torch.randn(1, 4, 1, d), torch.randn(1, 2, 1, d)
+        valid = torch.ones(1, lk, dtype=torch.bool)
+        before = lazy.a.clone()
+        decode_step(lazy, qn, kn, lk, still, srht, valid)
+        decode_step(eager, qn, kn, lk, walking, srht, valid)
+        cur = (lk - 1) // block
+        if (lk - 1) % block:  # inside a key block: A_l untouched
+            assert torch.equal(lazy.a, before)
+        finished = cur  # rows before the current block's are final in both
+        assert torch.allclose(lazy.a[..., :finished, :], eager.a[..., :finished, :], atol=1e-6)
+    assert lazy.stale_from == cur and eager.stale_from is None
