@@ -21,6 +21,7 @@ from sketchwalk.engine.method.estimators.base import DecodeInputs, Estimator
 from sketchwalk.engine.method.score_basis import in_score_basis
 from sketchwalk.engine.method.sketch import SRHT, QueryTokens, SketchedBlocks, key_span
 from sketchwalk.kernels import kernel
+from sketchwalk.kernels.native import library
 from sketchwalk.kernels.pooling import kv_rows
 
 if TYPE_CHECKING:
@@ -29,13 +30,17 @@ if TYPE_CHECKING:
 
 def score_dtype(name: str, device: torch.device | str) -> torch.dtype:
     """The dtype of the sampled estimator's score product for knob value `name`: "auto" is
-    bfloat16 on CUDA and on CPUs with oneDNN bfloat16 (AVX-512 and newer), where the product
-    alone ran ~6x faster than float32 (docs/notes/speed-log.md); elsewhere emulated bfloat16 can be
-    slower than float32, so "auto" keeps float32 there."""
+    bfloat16 on CUDA; on a CPU, float32 wherever the C kernels are built (their fused product
+    and softmax beat a bfloat16 product with the softmax apart even on an AMX Xeon: one layer's
+    selection at 2k / 7k / 16k tokens 21 / 148 / 640 ms against 26 / 170 / 860,
+    docs/notes/speed-log.md), else bfloat16 where oneDNN has it natively (AVX-512 and newer;
+    emulated bfloat16 is slower than float32)."""
     if name != "auto":
         return getattr(torch, name)
     if torch.device(device).type == "cuda":
         return torch.bfloat16
+    if library() is not None:
+        return torch.float32
     native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)  # private: may go
     return torch.bfloat16 if native is not None and native() else torch.float32
 
