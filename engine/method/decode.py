@@ -49,9 +49,10 @@ from sketchwalk.kernels import BlockLists, kernel
 class DecodeLayerState:
     """Per-layer decode state: A_l grown token by token, sketched block sums, the query window.
 
-    Rows of A_l are a function of the block sums, so a step that reuses its selection only adds
-    the token to the sums (decode_absorb) and marks its row stale; the next selection recomputes
-    the stale rows first (refresh_rows), so it sees exactly the state an every-step update gives.
+    Rows of A_l are a function of the block sums, so a decode step only adds the token to the
+    sums (decode_absorb) and marks its row stale; whatever reads A_l next (the walk, a chunk)
+    recomputes the stale rows first (refresh_rows), so it sees the state an every-step update
+    gives. Without the walk nothing reads A_l during decode.
     """
 
     a: torch.Tensor  # [B, G, n, n]
@@ -259,7 +260,9 @@ def decode_absorb(
     """
     b = cfg.block_size
     cur = (lk - 1) // b
-    if cur >= st.a.shape[-1]:  # a key block starts: finish stale rows at their final width
+    if cur >= st.a.shape[-1] and cfg.effective_beta:
+        # a key block starts: finish the stale rows at their final width for the walk (without
+        # it nothing reads them before a chunk, which refreshes them all in one pass)
         refresh_rows(st, q.shape[-1], cfg, st.a.shape[-1] - 1)
     _grow_state(st, cur + 1)
     sk = st.sketched
@@ -288,22 +291,23 @@ def refresh_rows(
     st: DecodeLayerState, d: int, cfg: SketchWalkConfig, cur: int, all_valid: bool = False
 ) -> None:
     """Recompute the stale rows of A_l (up to the current block) from the block sums: the mean
-    estimator's rows (transition without tokens), one at a time, bit-equal to per-step updates.
-    all_valid: every key is real, so the last row sees every block and needs no mask."""
+    estimator's rows (transition without tokens), all in one pass (after a long decode without
+    the walk, a chunk finds one stale row per key block the decode formed). all_valid: every
+    key is real, so a last row alone sees every block and needs no mask."""
     if st.stale_from is None:
         return
     sk = st.sketched
     n = st.a.shape[-1]
+    lo = st.stale_from
     km, _ = key_estimates(st, d, cfg, n)
-    for row in range(st.stale_from, cur + 1):
-        qm = block_means(sk.q_sum[:, :, row : row + 1], sk.q_count[:, row : row + 1])
-        logits = block_logits(qm, km, d, cfg.tau)
-        if all_valid and row == n - 1:
-            probs = torch.softmax(logits, dim=-1)  # nothing to mask: the same values
-        else:
-            rows = torch.tensor([row], device=st.a.device)
-            probs = causal_block_softmax(logits, sk.k_count > 0, rows)
-        st.a[:, :, row] = aggregate_heads(probs, cfg.per_group, cfg.pool)[:, :, 0]
+    qm = block_means(sk.q_sum[:, :, lo : cur + 1], sk.q_count[:, lo : cur + 1])
+    logits = block_logits(qm, km, d, cfg.tau)
+    if all_valid and lo == cur == n - 1:
+        probs = torch.softmax(logits, dim=-1)  # nothing to mask: the same values
+    else:
+        rows = torch.arange(lo, cur + 1, device=st.a.device)
+        probs = causal_block_softmax(logits, sk.k_count > 0, rows)
+    st.a[:, :, lo : cur + 1] = aggregate_heads(probs, cfg.per_group, cfg.pool)
     st.stale_from = None
 
 
@@ -338,7 +342,7 @@ def decode_step(  # many parameters: a decode layer's inputs, the optional ones 
         """Mutates st in place (it belongs to this sequence) and returns the row estimate r."""
         decode_absorb(st, q, k_new, lk, cfg, srht, None if all_valid else key_valid)
         if cfg.effective_beta:  # only the walk reads A_l in decode; else its rows stay stale
-            refresh_rows(st, d, cfg, cur, all_valid)  # until a key block ends or a chunk reads them
+            refresh_rows(st, d, cfg, cur, all_valid)  # until a chunk reads them
         x = DecodeInputs(st, srht, keys, key_valid, cfg, d, cur, all_valid)
         probs = cfg.estimator_spec.decode(x)  # [B, Hkv, G, 1, n]
         return aggregate_heads(probs, cfg.per_group, cfg.pool)  # [B,G,1,n]

@@ -322,10 +322,12 @@ def test_state_grows_inside_buffers_with_room():
 
 
 @pytest.mark.parametrize("per_group", [False, True])
-def test_without_the_walk_a_decode_step_leaves_a_l_to_the_key_block_end(per_group):
-    """Only the walk reads A_l in decode: with it off a step recomputes none of its rows (the
-    current one is finished when its key block ends), and every finished row, as a chunk later
-    reads it, equals the one a walking state recomputes at every step."""
+def test_without_the_walk_decode_leaves_a_l_stale_until_it_is_read(per_group):
+    """Only the walk reads A_l in decode: with it off no decode step recomputes a row of it (the
+    rows of new key blocks stay zero), and one refresh (what a chunk does first) gives the rows a
+    walking state recomputed at every step."""
+    from sketchwalk.engine.method.decode import refresh_rows
+
     torch.manual_seed(3)
     d, block, t = 16, 16, 70
     base = dict(block_size=block, density=0.3, per_group=per_group, query_window=8, sketch_dim=8)
@@ -334,16 +336,18 @@ def test_without_the_walk_a_decode_step_leaves_a_l_to_the_key_block_end(per_grou
     srht = make_srht(d, 8, 0, 3)
     lazy = start_decode(prefill_plan(q, k, still, srht), q, srht, still)
     eager = start_decode(prefill_plan(q, k, walking, srht), q, srht, walking)
+    prefilled = lazy.a.clone()
     for step in range(1, 2 * block + 3):
         lk = t + step
         qn, kn = torch.randn(1, 4, 1, d), torch.randn(1, 2, 1, d)
         valid = torch.ones(1, lk, dtype=torch.bool)
-        before = lazy.a.clone()
         decode_step(lazy, qn, kn, lk, still, srht, valid)
         decode_step(eager, qn, kn, lk, walking, srht, valid)
-        cur = (lk - 1) // block
-        if (lk - 1) % block:  # inside a key block: A_l untouched
-            assert torch.equal(lazy.a, before)
-        finished = cur  # rows before the current block's are final in both
-        assert torch.allclose(lazy.a[..., :finished, :], eager.a[..., :finished, :], atol=1e-6)
-    assert lazy.stale_from == cur and eager.stale_from is None
+        n0 = prefilled.shape[-1]
+        assert torch.equal(lazy.a[..., : n0 - 1, :n0], prefilled[..., : n0 - 1, :])
+        assert not lazy.a[..., n0:, :].any()  # rows of the key blocks decode formed: untouched
+    cur = (lk - 1) // block
+    assert lazy.stale_from == (t - 1) // block and eager.stale_from is None
+    refresh_rows(lazy, d, still, cur)
+    assert lazy.stale_from is None
+    assert torch.allclose(lazy.a, eager.a, atol=1e-6)
