@@ -42,8 +42,8 @@ def decode_block_attention(
     g = block_index.shape[1]
     if h % g or h % hkv:
         raise ValueError(f"heads {h} must be a multiple of index groups {g} and KV heads {hkv}")
-    ids = block_index[:, :, 0].to(torch.int64).contiguous()
-    counts = block_count[:, :, 0].to(torch.int64).contiguous()
+    ids = block_index[:, :, 0].to(torch.int32).contiguous()  # the lists' own dtype: no copy
+    counts = block_count[:, :, 0].to(torch.int32).contiguous()
     starts = None if seq_start is None else seq_start.to(torch.int64).contiguous()
     qc = q.contiguous()
     out = torch.empty(bsz, h, 1, d)
