@@ -24,64 +24,6 @@
 #include "exp.h"
 #include "tile.h"
 
-/* One row: x (already float32) visible over [lo, hi), into o[nb]; tmp holds nb * b floats. */
-static void row_block_mass(const float* x, int64_t lo, int64_t hi, int64_t b, int64_t nb,
-                           float* tmp, float* o) {
-    for (int64_t j = 0; j < nb; j++) o[j] = 0.0f;
-    if (lo < 0) lo = 0;
-    if (hi > nb * b) hi = nb * b;
-    if (hi <= lo) return;
-    float m = x[lo];
-    for (int64_t i = lo; i < hi; i++) m = x[i] > m ? x[i] : m;
-    const int64_t j0 = lo / b, j1 = (hi + b - 1) / b;
-    for (int64_t i = j0 * b; i < lo; i++) tmp[i] = 0.0f;
-    for (int64_t i = lo; i < hi; i++) tmp[i] = exp_nonpositive(x[i] - m);
-    for (int64_t i = hi; i < j1 * b; i++) tmp[i] = 0.0f;
-    float total = 0.0f;
-    for (int64_t j = j0; j < j1; j++) {
-        float s = 0.0f;
-        for (int64_t i = 0; i < b; i++) s += tmp[j * b + i];
-        o[j] = s;
-        total += s;
-    }
-    const float inv = 1.0f / total;
-    for (int64_t j = j0; j < j1; j++) o[j] *= inv;
-}
-
-/* scores [rows, width] float32, row-major; lo, hi [rows]; out [rows, ceil(width / b)].
- * Returns 0, or -1 when the scratch row could not be allocated (out is then untouched). */
-int block_softmax_sums_f32(const float* scores, int64_t rows, int64_t width, const int64_t* lo,
-                           const int64_t* hi, int64_t b, float* out) {
-    const int64_t nb = (width + b - 1) / b;
-    float* tmp = malloc(sizeof(float) * (size_t)(nb * b));
-    if (tmp == NULL) return -1;
-    for (int64_t r = 0; r < rows; r++)
-        row_block_mass(scores + r * width, lo[r], hi[r], b, nb, tmp, out + r * nb);
-    free(tmp);
-    return 0;
-}
-
-/* The same for bfloat16 scores (the score product's dtype where it is native): each row is
- * widened to float32 first, its visible columns only (a bfloat16 is the top half of a float32). */
-int block_softmax_sums_bf16(const uint16_t* scores, int64_t rows, int64_t width,
-                            const int64_t* lo, const int64_t* hi, int64_t b, float* out) {
-    const int64_t nb = (width + b - 1) / b;
-    float* tmp = malloc(sizeof(float) * (size_t)(2 * nb * b));
-    if (tmp == NULL) return -1;
-    float* row = tmp + nb * b;
-    for (int64_t r = 0; r < rows; r++) {
-        const uint16_t* x = scores + r * width;
-        const int64_t end = hi[r] < width ? hi[r] : width;
-        for (int64_t i = lo[r] > 0 ? lo[r] : 0; i < end; i++) {
-            const uint32_t bits = (uint32_t)x[i] << 16;
-            memcpy(row + i, &bits, sizeof(float));
-        }
-        row_block_mass(row, lo[r], hi[r], b, nb, tmp, out + r * nb);
-    }
-    free(tmp);
-    return 0;
-}
-
 /* ---- scores and block mass in one call: the sampled estimator without a score matrix ----
  *
  * The estimator's product q @ k^T has a shallow inner dimension (the head dim, 64 here), so
@@ -186,6 +128,57 @@ static void row_chunk_mass8(const float* x, int64_t c0, int64_t c1, int64_t lo, 
         sum += part;
     }
     *total += sum;
+}
+
+/* One row: x (already float32, readable up to `width` rounded up to 8) visible over [lo, hi),
+ * into o[nb]: the chunk loops above over the whole row, then normalised. */
+static void row_block_mass(const float* x, int64_t width, int64_t lo, int64_t hi, int64_t b,
+                           int64_t nb, float* o) {
+    float m = -3.0e38f, total = 0.0f;
+    for (int64_t j = 0; j < nb; j++) o[j] = 0.0f;
+    (b % 8 ? row_chunk_mass : row_chunk_mass8)(x, 0, width, lo, hi, b, &m, &total, o);
+    if (total <= 0.0f) return;
+    const float inv = 1.0f / total;
+    for (int64_t j = 0; j < nb; j++) o[j] *= inv;
+}
+
+/* scores [rows, width] float32, row-major; lo, hi [rows]; out [rows, ceil(width / b)].
+ * Returns 0, or -1 when the scratch row could not be allocated (out is then untouched). */
+int block_softmax_sums_f32(const float* scores, int64_t rows, int64_t width, const int64_t* lo,
+                           const int64_t* hi, int64_t b, float* out) {
+    const int64_t nb = (width + b - 1) / b, wide = (width + 7) & ~(int64_t)7;
+    float* tmp = malloc(sizeof(float) * (size_t)wide);
+    if (tmp == NULL) return -1;
+    for (int64_t r = 0; r < rows; r++) {
+        const float* x = scores + r * width;
+        if (r == rows - 1 && wide > width) { /* the last row: its groups of 8 read a copy */
+            memcpy(tmp, x, sizeof(float) * (size_t)width);
+            x = tmp;
+        }
+        row_block_mass(x, width, lo[r], hi[r], b, nb, out + r * nb);
+    }
+    free(tmp);
+    return 0;
+}
+
+/* The same for bfloat16 scores (the score product's dtype where it is native): each row is
+ * widened to float32 first, its visible columns only (a bfloat16 is the top half of a float32). */
+int block_softmax_sums_bf16(const uint16_t* scores, int64_t rows, int64_t width,
+                            const int64_t* lo, const int64_t* hi, int64_t b, float* out) {
+    const int64_t nb = (width + b - 1) / b, wide = (width + 7) & ~(int64_t)7;
+    float* row = malloc(sizeof(float) * (size_t)wide);
+    if (row == NULL) return -1;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t* x = scores + r * width;
+        const int64_t end = hi[r] < width ? hi[r] : width;
+        for (int64_t i = lo[r] > 0 ? lo[r] : 0; i < end; i++) {
+            const uint32_t bits = (uint32_t)x[i] << 16;
+            memcpy(row + i, &bits, sizeof(float));
+        }
+        row_block_mass(row, width, lo[r], hi[r], b, nb, out + r * nb);
+    }
+    free(row);
+    return 0;
 }
 
 /* Keys per chunk: every row tile of a unit is scored against one chunk while it sits in L2
