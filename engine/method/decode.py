@@ -137,11 +137,13 @@ def _grow(
     return buf[tuple(slice(0, n) if d in dims else slice(None) for d in range(x.dim()))]
 
 
-def _grow_state(st: DecodeLayerState, n: int) -> None:
-    """New key blocks formed: grow A_l and the block sums to n blocks (zeros, filled by callers)."""
-    if st.a.shape[-1] < n:
-        st.a = _grow(st, "a", st.a, (st.a.dim() - 2, st.a.dim() - 1), n)
-        sk = st.sketched
+def _grow_state(st: DecodeLayerState, n: int, estimate: bool = True) -> None:
+    """New key blocks formed: grow the block sums, and A_l unless `estimate` is False, to n blocks
+    (zeros, filled by callers). Decode without the walk passes False: nothing reads A_l there,
+    and its first growth after a prefill copied A_l into a buffer (~1.5 ms a layer at 7k tokens)
+    on the decode path; `refresh_rows` grows it when something reads it."""
+    sk = st.sketched
+    if sk.k_count.shape[1] < n:
         st.sketched = SketchedBlocks(
             _grow(st, "q_sum", sk.q_sum, (2,), n),
             _grow(st, "q_count", sk.q_count, (1,), n),
@@ -149,6 +151,13 @@ def _grow_state(st: DecodeLayerState, n: int) -> None:
             _grow(st, "k_count", sk.k_count, (1,), n),
             None if sk.k_sq is None else _grow(st, "k_sq", sk.k_sq, (2,), n),
         )
+    if estimate and st.a.shape[-1] < n:
+        st.a = _grow(st, "a", st.a, (st.a.dim() - 2, st.a.dim() - 1), n)
+
+
+def blocks_of(st: DecodeLayerState) -> int:
+    """Key blocks the state's sums hold (A_l may hold fewer: `_grow_state`)."""
+    return st.sketched.k_count.shape[1]
 
 
 def chunk_step(  # ten parameters: the layer's chunk inputs, each passed by the session's chunk path
@@ -215,7 +224,7 @@ def _absorb_chunk(
     t0 = lk - q.shape[2]
     j0 = t0 // b
     new_valid = key_valid[:, t0:]
-    refresh_rows(st, d, cfg, st.a.shape[-2] - 1)  # rows left stale by reused decode steps
+    refresh_rows(st, d, cfg, blocks_of(st) - 1)  # rows left stale by reused decode steps
     st.selection = None  # the next decode step selects afresh
     _grow_state(st, -(-lk // b))
     sk = st.sketched
@@ -260,11 +269,12 @@ def decode_absorb(
     """
     b = cfg.block_size
     cur = (lk - 1) // b
-    if cur >= st.a.shape[-1] and cfg.effective_beta:
+    walks = bool(cfg.effective_beta)
+    if cur >= blocks_of(st) and walks:
         # a key block starts: finish the stale rows at their final width for the walk (without
         # it nothing reads them before a chunk, which refreshes them all in one pass)
-        refresh_rows(st, q.shape[-1], cfg, st.a.shape[-1] - 1)
-    _grow_state(st, cur + 1)
+        refresh_rows(st, q.shape[-1], cfg, blocks_of(st) - 1)
+    _grow_state(st, cur + 1, estimate=walks)
     sk = st.sketched
     if key_valid is None:  # in place on views of the token's block: one C call where it can
         views = (sk.q_sum.select(2, cur), sk.k_sum.select(2, cur))
@@ -296,8 +306,9 @@ def refresh_rows(
     key is real, so a last row alone sees every block and needs no mask."""
     if st.stale_from is None:
         return
+    n = blocks_of(st)
+    _grow_state(st, n)  # A_l to the sums' blocks (decode without the walk leaves it short)
     sk = st.sketched
-    n = st.a.shape[-1]
     lo = st.stale_from
     km, _ = key_estimates(st, d, cfg, n)
     qm = block_means(sk.q_sum[:, :, lo : cur + 1], sk.q_count[:, lo : cur + 1])
