@@ -76,8 +76,9 @@ class BlockLists:
             )
 
     def starting_at(self, seq_start: torch.Tensor | None) -> BlockLists:
-        """The same lists over keys whose first real position per sequence is seq_start."""
-        return replace(self, seq_start=seq_start)
+        """The same lists over keys whose first real position per sequence is seq_start (these
+        lists themselves where that is theirs already: a decode layer asks twice a step)."""
+        return self if seq_start is self.seq_start else replace(self, seq_start=seq_start)
 
     def rows(self, i0: int, i1: int) -> BlockLists:
         """The lists of query rows [i0, i1) (rows of lists, not tokens): a part of one kernel
