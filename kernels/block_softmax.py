@@ -74,6 +74,24 @@ def pack_keys(k: torch.Tensor, multiple: int = PANEL) -> torch.Tensor:
     return kf.unflatten(-2, (n, PANEL)).transpose(-1, -2).contiguous()
 
 
+def pack_keys_vnni(k: torch.Tensor) -> torch.Tensor:
+    """Keys [..., L, r] -> bfloat16 [..., n, r / 2, PANEL, 2] (zero keys past L, up to a multiple of
+    PANEL): per panel of PANEL keys, coordinate pairs side by side, the layout an AMX tile
+    multiply reads its second operand in (r even)."""
+    length, r = k.shape[-2], k.shape[-1]
+    n = -(-length // PANEL)
+    kb = k.to(torch.bfloat16)
+    if n * PANEL > length:
+        kb = torch.nn.functional.pad(kb, (0, 0, 0, n * PANEL - length))
+    kb = kb.unflatten(-2, (n, PANEL)).unflatten(-1, (r // 2, 2))  # [..., n, PANEL, r/2, 2]
+    return kb.transpose(-3, -2).contiguous()
+
+
+def _unpack_vnni(panels: torch.Tensor) -> torch.Tensor:
+    """pack_keys_vnni's keys back as [..., n * PANEL, r]."""
+    return panels.transpose(-3, -2).flatten(-2, -1).flatten(-3, -2)
+
+
 def scored_block_mass(
     q: torch.Tensor,
     panels: torch.Tensor,
@@ -83,11 +101,22 @@ def scored_block_mass(
     width: int,
 ) -> torch.Tensor:
     """block_softmax_sums(q @ k[..., :width, :].T, lo, hi, block_size) for q [..., R, r] and the
-    keys k packed by pack_keys (their first `width` seen). On CPU with float32 queries the C
-    kernel scores a few rows at a time into a buffer that stays in cache and takes their block
-    mass at once, without the [R, width] score matrix (block_softmax.c, "scores and block mass
-    in one call"); elsewhere the product and block_softmax_sums."""
+    keys k packed by pack_keys (float32 q) or pack_keys_vnni (bfloat16 q; the products summed in
+    float32), their first `width` seen. On CPU the C kernel scores a few rows at a time into a
+    buffer that stays in cache and takes their block mass at once, without the [R, width] score
+    matrix (block_softmax.c, "scores and block mass in one call"; bfloat16 on AMX tiles where
+    the CPU has them); elsewhere the product and block_softmax_sums."""
     lib = library() if q.device.type == "cpu" else None
+    if q.dtype == torch.bfloat16:
+        out = (
+            None
+            if lib is None
+            else _scored_block_mass_amx(lib, q, panels, lo, hi, block_size, width)
+        )
+        if out is not None:
+            return out
+        kt = _unpack_vnni(panels)[..., :width, :].transpose(-1, -2)
+        return block_softmax_sums(q.float() @ kt.float(), lo, hi, block_size)  # as the tiles sum
     if lib is None or q.dtype != torch.float32:
         kt = panels.transpose(-1, -2).flatten(-3, -2)[..., :width, :].transpose(-1, -2)
         return block_softmax_sums(q @ kt.to(q.dtype), lo, hi, block_size)
@@ -106,6 +135,32 @@ def scored_block_mass(
     status = lib.scored_block_mass_f32(qc.data_ptr(), kc.data_ptr(), units, rows, r, np_, width,
                                        lo_rows.data_ptr(), hi_rows.data_ptr(), block_size,
                                        out.data_ptr())  # fmt: skip
+    if status != 0:
+        raise MemoryError(f"scored_block_mass: no memory for a tile of {width} scores")
+    return out
+
+
+def _scored_block_mass_amx(lib, q, panels, lo, hi, block_size: int, width: int):
+    """scored_block_mass for bfloat16 q on AMX tiles in C; None where they cannot run."""
+    *lead, rows, r = q.shape
+    np_ = panels.shape[-4]
+    if panels.shape[:-4] != q.shape[:-2] or panels.shape[-3:] != (r // 2, PANEL, 2):
+        raise ValueError(
+            f"keys packed as {tuple(panels.shape)} do not fit queries {tuple(q.shape)}"
+        )
+    if np_ * PANEL < width:
+        raise ValueError(f"{np_} panels of keys do not reach width {width}")
+    nb = -(-width // block_size)
+    qc, kc = q.contiguous(), panels.contiguous()
+    lo_rows = torch.as_tensor(lo, dtype=torch.int64).expand(*lead, rows).contiguous()
+    hi_rows = torch.as_tensor(hi, dtype=torch.int64).expand(*lead, rows).contiguous()
+    out = torch.empty(*lead, rows, nb, dtype=torch.float32)
+    units = qc.numel() // max(rows * r, 1)
+    status = lib.scored_block_mass_amx(qc.data_ptr(), kc.data_ptr(), units, rows, r, np_, width,
+                                       lo_rows.data_ptr(), hi_rows.data_ptr(), block_size,
+                                       out.data_ptr())  # fmt: skip
+    if status == -2:
+        return None
     if status != 0:
         raise MemoryError(f"scored_block_mass: no memory for a tile of {width} scores")
     return out

@@ -21,9 +21,10 @@ from .block_softmax import (
     block_softmax_sums,
     block_softmax_sums_reference,
     pack_keys,
+    pack_keys_vnni,
     scored_block_mass,
 )
-from .native import library
+from .native import amx, library
 from .parts import run_in_parts, workers
 from .pooling import kv_rows, mean_per_row, pool_heads, pool_into
 
@@ -157,9 +158,10 @@ def sampled_block_mass(  # many parameters: the block_mass op's inputs and its s
     # than the product and the C softmax apart). Otherwise [B, Hkv, r, Lk], contiguous: a
     # bfloat16 product over a key prefix of the transposed view copied the keys in every chunk
     # (~1.7x slower)
-    fused = native and dtype == torch.float32 and qs.device.type == "cpu" and library() is not None
-    if fused:
-        keys = pack_keys(ks)
+    fused = native and qs.device.type == "cpu" and library() is not None
+    fused = fused and (dtype == torch.float32 or (dtype == torch.bfloat16 and _amx_fits(ks)))
+    if fused:  # bfloat16: the same call on AMX tiles (block_softmax.c), keys paired for them
+        keys = pack_keys(ks) if dtype == torch.float32 else pack_keys_vnni(ks)
     else:
         keys = ks.transpose(-1, -2).to(dtype, memory_format=torch.contiguous_format)
     start, end = _key_span(k_valid)
@@ -185,6 +187,12 @@ def sampled_block_mass(  # many parameters: the block_mass op's inputs and its s
     else:
         chunks.score(0, length)
     return out if pool == "max" else mean_per_row(out, blk_all - j0, q_valid)
+
+
+def _amx_fits(ks: torch.Tensor) -> bool:
+    """Whether the bfloat16 product can run fused on AMX tiles: the CPU has them and the sketch
+    width is one the tile kernel takes."""
+    return ks.shape[-1] in (64, 128) and amx()
 
 
 def _key_span(k_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -39,6 +39,8 @@ _SIGNATURES = {
     "block_softmax_sums_f32": "p i i p p i p",
     "block_softmax_sums_bf16": "p i i p p i p",
     "scored_block_mass_f32": "p p i i i i i p p i p",
+    "scored_block_mass_amx": "p p i i i i i p p i p",
+    "amx_available": "",
     "decode_block_attention_f32": "p p i i i p i i i i i i i i i p p i i p f p",
     "prefill_block_attention_f32": "p i i i p p i i i i i i i i i i i i p p i i p f i i p",
     "srht_rows_f32": "p i i i i i i i i p p i f p i i i p p p",
@@ -48,6 +50,7 @@ _SIGNATURES = {
 _TYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
+_amx: dict[str, bool] = {}  # per library: whether it runs AMX tiles (amx())
 
 
 def library() -> ctypes.CDLL | None:
@@ -62,6 +65,12 @@ def library() -> ctypes.CDLL | None:
         if key not in _loaded:
             _loaded[key] = _load(key)
     return _loaded[key]
+
+
+def amx() -> bool:
+    """Whether the library scores bfloat16 on AMX tiles (block_softmax.c): built for a CPU that
+    has them and granted their state by Linux, as found when it was loaded."""
+    return library() is not None and _amx.get(_build_key(), False)
 
 
 def runs_on(*tensors: torch.Tensor) -> bool:
@@ -116,6 +125,7 @@ def _load(key: str) -> ctypes.CDLL | None:
         for name, args in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = [_TYPES[a] for a in args.split()], ctypes.c_int
+        _amx[key] = lib.amx_available() == 1  # asks Linux for the tile state, once
     except (OSError, AttributeError, subprocess.SubprocessError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         warnings.warn(

@@ -7,9 +7,10 @@ from sketchwalk.kernels.block_softmax import (
     block_softmax_sums,
     block_softmax_sums_reference,
     pack_keys,
+    pack_keys_vnni,
     scored_block_mass,
 )
-from sketchwalk.kernels.native import library
+from sketchwalk.kernels.native import amx, library
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -101,3 +102,47 @@ def test_scored_block_mass_without_c_is_the_product_and_a_wrong_packing_is_an_er
     assert pack_keys(k).shape == (2, 7, 64, 16)  # 100 keys in 7 panels of 16
     with pytest.raises(ValueError, match="do not fit"):
         scored_block_mass(q, pack_keys(k[:, :40]), 0, 90, 16, 90)  # 48 packed keys < width
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_bfloat16_scored_block_mass_equals_the_reference_on_rounded_inputs(seed):
+    """bfloat16 queries against keys packed for AMX tiles (pack_keys_vnni): on AMX the tile
+    kernel, elsewhere the torch product; either way the reference on the rounded inputs with the
+    products summed in float32: rows past one 16-row tile, widths past several 512-key chunks,
+    partial panels, empty rows, both tile widths."""
+    gen = torch.Generator().manual_seed(seed)
+    lead = [(), (3,), (2, 2)][seed % 3]
+    rows = int(torch.randint(1, 40, (1,), generator=gen))
+    r = [64, 128][seed % 2]
+    length = int(torch.randint(1, 1700, (1,), generator=gen))
+    width = int(torch.randint(1, length + 1, (1,), generator=gen))
+    b = [8, 16, 32, 3][seed % 4]
+    q = torch.randn(*lead, rows, r, generator=gen).bfloat16()
+    k = torch.randn(*lead, length, r, generator=gen) * torch.linspace(0.2, 3.0, length)[:, None]
+    lo = torch.randint(-3, width, (*lead, rows), generator=gen)
+    hi = torch.randint(0, width + 4, (*lead, rows), generator=gen)
+    got = scored_block_mass(q, pack_keys_vnni(k), lo, hi, b, width)
+    scores = q.float() @ k[..., :width, :].bfloat16().float().transpose(-1, -2)
+    want = block_softmax_sums_reference(scores, lo, hi, b)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert torch.allclose(got, want, atol=2e-5, rtol=1e-3)
+
+
+def test_amx_is_what_the_cpu_and_the_compiler_have(monkeypatch):
+    """amx() says whether the bfloat16 call runs on tiles: only where the CPU lists AMX (Linux's
+    cpuinfo flags), never without the C kernels; where it runs, the torch product is not used."""
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        flags = next((ln.split(":")[1].split() for ln in f if ln.startswith("flags")), [])
+    if amx():
+        assert {"amx_tile", "amx_bf16"} <= set(flags)
+        q, k = torch.randn(5, 64).bfloat16(), torch.randn(300, 64)
+
+        def no_product(*args, **kwargs):
+            raise AssertionError("the torch product ran")
+
+        monkeypatch.setattr(torch.Tensor, "__matmul__", no_product)
+        got = scored_block_mass(q, pack_keys_vnni(k), 0, 300, 16, 300)
+        assert torch.allclose(got.sum(-1), torch.ones(5), atol=1e-5)
+        monkeypatch.undo()
+    monkeypatch.setenv("SKETCHWALK_NATIVE", "0")
+    assert not amx()

@@ -21,7 +21,7 @@ from sketchwalk.engine.method.estimators.base import DecodeInputs, Estimator
 from sketchwalk.engine.method.score_basis import in_score_basis
 from sketchwalk.engine.method.sketch import SRHT, QueryTokens, SketchedBlocks, key_span
 from sketchwalk.kernels import kernel
-from sketchwalk.kernels.native import library
+from sketchwalk.kernels.native import amx, library
 from sketchwalk.kernels.pooling import kv_rows
 
 if TYPE_CHECKING:
@@ -30,17 +30,18 @@ if TYPE_CHECKING:
 
 def score_dtype(name: str, device: torch.device | str) -> torch.dtype:
     """The dtype of the sampled estimator's score product for knob value `name`: "auto" is
-    bfloat16 on CUDA; on a CPU, float32 wherever the C kernels are built (their fused product
-    and softmax beat a bfloat16 product with the softmax apart even on an AMX Xeon: one layer's
-    selection at 2k / 7k / 16k tokens 21 / 148 / 640 ms against 26 / 170 / 860,
-    docs/notes/speed-log.md), else bfloat16 where oneDNN has it natively (AVX-512 and newer;
-    emulated bfloat16 is slower than float32)."""
+    bfloat16 on CUDA; on a CPU with the C kernels, bfloat16 where it has AMX tiles (the fused
+    call on them: one layer's selection at 2k / 7k / 16k tokens 14.7 / 90 / 342 ms against 17.4 /
+    118 / 540 in float32), else float32 (the fused float32 call beats a bfloat16 product with the
+    softmax apart even on an AMX Xeon: 21 / 148 / 640 ms against 26 / 170 / 860); without the C
+    kernels bfloat16 where oneDNN has it natively (AVX-512 and newer; emulated bfloat16 is slower
+    than float32). docs/notes/speed-log.md has the measurements."""
     if name != "auto":
         return getattr(torch, name)
     if torch.device(device).type == "cuda":
         return torch.bfloat16
     if library() is not None:
-        return torch.float32
+        return torch.bfloat16 if amx() else torch.float32
     native = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)  # private: may go
     return torch.bfloat16 if native is not None and native() else torch.float32
 

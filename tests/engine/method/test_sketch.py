@@ -325,22 +325,25 @@ def test_sampled_estimate_is_the_mean_over_the_sampled_queries():
     assert not torch.allclose(sampled, every, atol=1e-4)  # fewer queries: a different estimate
 
 
-def test_score_dtype_auto_is_float32_with_the_c_kernels_else_bfloat16_where_native(monkeypatch):
+def test_score_dtype_auto_follows_the_c_kernels_amx_and_onednn(monkeypatch):
     from sketchwalk.engine.method.estimators import sampled
     from sketchwalk.engine.method.estimators.sampled import score_dtype
 
     assert score_dtype("float32", "cpu") == torch.float32
     assert score_dtype("bfloat16", "cpu") == torch.bfloat16
     assert score_dtype("auto", "cuda") == torch.bfloat16
-    for built, native, want in (
-        (True, True, torch.float32),  # the fused C kernel runs in float32
-        (False, True, torch.bfloat16),
-        (False, False, torch.float32),
+    for built, tiles, native, want in (
+        (True, False, True, torch.float32),  # the fused C kernel runs in float32
+        (True, True, False, torch.bfloat16),  # ... and in bfloat16 on AMX tiles
+        (False, False, True, torch.bfloat16),
+        (False, False, False, torch.float32),
     ):
         monkeypatch.setattr(sampled, "library", lambda b=built: object() if b else None)
+        monkeypatch.setattr(sampled, "amx", lambda t=tiles: t)
         monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda n=native: n)
         assert score_dtype("auto", "cpu") == want
     monkeypatch.setattr(torch.ops, "mkldnn", object())  # a build without the private probe
+    monkeypatch.setattr(sampled, "library", lambda: None)
     assert score_dtype("auto", "cpu") == torch.float32
 
 
