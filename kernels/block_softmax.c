@@ -182,6 +182,40 @@ int block_softmax_sums_bf16(const uint16_t* scores, int64_t rows, int64_t width,
     return 0;
 }
 
+/* Per tile of `tile` rows, where its keys end: its rows' largest hi (at most width), into
+ * ends; returns the largest. */
+static int64_t tile_ends(const int64_t* hi, int64_t rows, int64_t tile, int64_t width,
+                         int64_t* ends) {
+    int64_t far = 0;
+    for (int64_t t = 0; t * tile < rows; t++) {
+        int64_t end = 0;
+        for (int64_t i = t * tile; i < rows && i < (t + 1) * tile; i++)
+            end = hi[i] > end ? hi[i] : end;
+        ends[t] = end < width ? end : width;
+        far = ends[t] > far ? ends[t] : far;
+    }
+    return far;
+}
+
+/* Each row's block sums o [rows, nb] divided by its total (rows that saw nothing stay 0). */
+static void normalize_rows(float* o, const float* total, int64_t rows, int64_t nb) {
+    for (int64_t i = 0; i < rows; i++) {
+        if (total[i] <= 0.0f) continue;
+        const float inv = 1.0f / total[i];
+        for (int64_t j = 0; j < nb; j++) o[i * nb + j] *= inv;
+    }
+}
+
+/* Rows i0 .. i0 + tile - 1 (those below rows) of a scored tile s (row stride lds, columns c0 ..
+ * c1 - 1) into their running maxima m, totals and block sums o [rows, nb]. */
+static void tile_mass(const float* s, int64_t i0, int64_t tile, int64_t rows, int64_t lds,
+                      int64_t c0, int64_t c1, const int64_t* lo, const int64_t* hi, int64_t b,
+                      float* m, float* total, float* o, int64_t nb) {
+    for (int64_t i = i0; i < rows && i < i0 + tile; i++)
+        (b % 8 ? row_chunk_mass : row_chunk_mass8)(s + (i - i0) * lds, c0, c1, lo[i], hi[i], b,
+                                                   m + i, total + i, o + i * nb);
+}
+
 /* Keys per chunk: every row tile of a unit is scored against one chunk while it sits in L2
  * (512 keys x 64 coordinates = 128 KB), instead of streaming all keys once per tile. */
 #define CHUNK_PANELS 32
@@ -214,14 +248,7 @@ int scored_block_mass_f32(const float* q, const float* kp, int64_t units, int64_
         memset(qpad, 0, sizeof(float) * (size_t)(ntiles * TILE_ROWS * r));
         memcpy(qpad, q + u * rows * r, sizeof(float) * (size_t)(rows * r));
         memset(ou, 0, sizeof(float) * (size_t)(rows * nb));
-        int64_t far = 0;
-        for (int64_t t = 0; t < ntiles; t++) { /* the keys a tile sees end at its largest hi */
-            int64_t end = 0;
-            for (int64_t i = t * TILE_ROWS; i < rows && i < (t + 1) * TILE_ROWS; i++)
-                end = hu[i] > end ? hu[i] : end;
-            ends[t] = end < width ? end : width;
-            far = ends[t] > far ? ends[t] : far;
-        }
+        const int64_t far = tile_ends(hu, rows, TILE_ROWS, width, ends);
         for (int64_t i = 0; i < rows; i++) m[i] = -3.0e38f, total[i] = 0.0f;
         for (int64_t c0 = 0; c0 < far; c0 += ck) {
             for (int64_t t = 0; t < ntiles; t++) {
@@ -230,17 +257,11 @@ int scored_block_mass_f32(const float* q, const float* kp, int64_t units, int64_
                 const int64_t panels = (c1 - c0 + PANEL - 1) / PANEL;
                 score_panels(qpad + t * TILE_ROWS * r, r, ku + c0 * r, panels, s,
                              panels * PANEL);
-                for (int64_t i = t * TILE_ROWS; i < rows && i < (t + 1) * TILE_ROWS; i++)
-                    (b % 8 ? row_chunk_mass : row_chunk_mass8)(
-                        s + (i - t * TILE_ROWS) * panels * PANEL, c0, c1, lu[i], hu[i], b,
-                        m + i, total + i, ou + i * nb);
+                tile_mass(s, t * TILE_ROWS, TILE_ROWS, rows, panels * PANEL, c0, c1, lu, hu, b, m,
+                          total, ou, nb);
             }
         }
-        for (int64_t i = 0; i < rows; i++) {
-            if (total[i] <= 0.0f) continue;
-            const float inv = 1.0f / total[i];
-            for (int64_t j = 0; j < nb; j++) ou[i * nb + j] *= inv;
-        }
+        normalize_rows(ou, total, rows, nb);
     }
     free(s), free(ends);
     return 0;
@@ -331,14 +352,7 @@ int scored_block_mass_amx(const uint16_t* q, const uint16_t* kp, int64_t units, 
         memset(qpad, 0, sizeof(uint16_t) * (size_t)(ntiles * AMX_ROWS * r));
         memcpy(qpad, q + u * rows * r, sizeof(uint16_t) * (size_t)(rows * r));
         memset(ou, 0, sizeof(float) * (size_t)(rows * nb));
-        int64_t far = 0;
-        for (int64_t t = 0; t < ntiles; t++) { /* the keys a tile sees end at its largest hi */
-            int64_t end = 0;
-            for (int64_t i = t * AMX_ROWS; i < rows && i < (t + 1) * AMX_ROWS; i++)
-                end = hu[i] > end ? hu[i] : end;
-            ends[t] = end < width ? end : width;
-            far = ends[t] > far ? ends[t] : far;
-        }
+        const int64_t far = tile_ends(hu, rows, AMX_ROWS, width, ends);
         for (int64_t i = 0; i < rows; i++) m[i] = -3.0e38f, total[i] = 0.0f;
         for (int64_t c0 = 0; c0 < far; c0 += ck) {
             for (int64_t t = 0; t < ntiles; t++) {
@@ -353,17 +367,11 @@ int scored_block_mass_amx(const uint16_t* q, const uint16_t* kp, int64_t units, 
                     _tile_loadd(4, qt + 96, r * 2);
                 }
                 score_panels_amx(ku + c0 / PANEL * r * PANEL, r, panels, s, panels * PANEL);
-                for (int64_t i = t * AMX_ROWS; i < rows && i < (t + 1) * AMX_ROWS; i++)
-                    (b % 8 ? row_chunk_mass : row_chunk_mass8)(
-                        s + (i - t * AMX_ROWS) * panels * PANEL, c0, c1, lu[i], hu[i], b,
-                        m + i, total + i, ou + i * nb);
+                tile_mass(s, t * AMX_ROWS, AMX_ROWS, rows, panels * PANEL, c0, c1, lu, hu, b, m,
+                          total, ou, nb);
             }
         }
-        for (int64_t i = 0; i < rows; i++) {
-            if (total[i] <= 0.0f) continue;
-            const float inv = 1.0f / total[i];
-            for (int64_t j = 0; j < nb; j++) ou[i * nb + j] *= inv;
-        }
+        normalize_rows(ou, total, rows, nb);
     }
     _tile_release();
     free(s), free(qpad), free(ends);

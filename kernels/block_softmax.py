@@ -107,58 +107,47 @@ def scored_block_mass(
     matrix (block_softmax.c, "scores and block mass in one call"; bfloat16 on AMX tiles where
     the CPU has them); elsewhere the product and block_softmax_sums."""
     lib = library() if q.device.type == "cpu" else None
-    if q.dtype == torch.bfloat16:
-        out = (
-            None
-            if lib is None
-            else _scored_block_mass_amx(lib, q, panels, lo, hi, block_size, width)
-        )
-        if out is not None:
-            return out
+    *lead, rows, r = q.shape
+    if q.dtype == torch.bfloat16:  # keys [..., n, r / 2, PANEL, 2]
+        fits = panels.shape[:-4] == q.shape[:-2] and panels.shape[-3:] == (r // 2, PANEL, 2)
+        np_ = panels.shape[-4]
+        if lib is not None:
+            _check_packing(fits, np_, width, panels, q)
+            out = _fused(lib.scored_block_mass_amx, q, panels, np_, lo, hi, block_size, width)
+            if out is not None:
+                return out
         kt = _unpack_vnni(panels)[..., :width, :].transpose(-1, -2)
         return block_softmax_sums(q.float() @ kt.float(), lo, hi, block_size)  # as the tiles sum
     if lib is None or q.dtype != torch.float32:
         kt = panels.transpose(-1, -2).flatten(-3, -2)[..., :width, :].transpose(-1, -2)
         return block_softmax_sums(q @ kt.to(q.dtype), lo, hi, block_size)
-    *lead, rows, r = q.shape
-    np_ = panels.shape[-3]
-    if panels.shape[:-3] != q.shape[:-2] or panels.shape[-2:] != (r, PANEL) or np_ * PANEL < width:
-        raise ValueError(
-            f"keys packed as {tuple(panels.shape)} do not fit queries {tuple(q.shape)}"
-        )
-    nb = -(-width // block_size)
-    qc, kc = q.contiguous(), panels.contiguous()
-    lo_rows = torch.as_tensor(lo, dtype=torch.int64).expand(*lead, rows).contiguous()
-    hi_rows = torch.as_tensor(hi, dtype=torch.int64).expand(*lead, rows).contiguous()
-    out = torch.empty(*lead, rows, nb, dtype=torch.float32)
-    units = qc.numel() // max(rows * r, 1)
-    status = lib.scored_block_mass_f32(qc.data_ptr(), kc.data_ptr(), units, rows, r, np_, width,
-                                       lo_rows.data_ptr(), hi_rows.data_ptr(), block_size,
-                                       out.data_ptr())  # fmt: skip
-    if status != 0:
-        raise MemoryError(f"scored_block_mass: no memory for a tile of {width} scores")
+    np_ = panels.shape[-3]  # keys [..., n, r, PANEL]
+    _check_packing(panels.shape[:-3] == q.shape[:-2] and panels.shape[-2:] == (r, PANEL), np_,
+                   width, panels, q)  # fmt: skip
+    out = _fused(lib.scored_block_mass_f32, q, panels, np_, lo, hi, block_size, width)
+    assert out is not None  # the float32 call always runs
     return out
 
 
-def _scored_block_mass_amx(lib, q, panels, lo, hi, block_size: int, width: int):
-    """scored_block_mass for bfloat16 q on AMX tiles in C; None where they cannot run."""
-    *lead, rows, r = q.shape
-    np_ = panels.shape[-4]
-    if panels.shape[:-4] != q.shape[:-2] or panels.shape[-3:] != (r // 2, PANEL, 2):
+def _check_packing(fits: bool, panels_n: int, width: int, panels, q) -> None:
+    if not fits or panels_n * PANEL < width:
         raise ValueError(
             f"keys packed as {tuple(panels.shape)} do not fit queries {tuple(q.shape)}"
         )
-    if np_ * PANEL < width:
-        raise ValueError(f"{np_} panels of keys do not reach width {width}")
+
+
+def _fused(fn, q, panels, np_: int, lo, hi, block_size: int, width: int):
+    """One C call of scored_block_mass_f32's contract (fn: it, or its AMX twin); None where fn
+    says it cannot run here (-2)."""
+    *lead, rows, r = q.shape
     nb = -(-width // block_size)
     qc, kc = q.contiguous(), panels.contiguous()
     lo_rows = torch.as_tensor(lo, dtype=torch.int64).expand(*lead, rows).contiguous()
     hi_rows = torch.as_tensor(hi, dtype=torch.int64).expand(*lead, rows).contiguous()
     out = torch.empty(*lead, rows, nb, dtype=torch.float32)
     units = qc.numel() // max(rows * r, 1)
-    status = lib.scored_block_mass_amx(qc.data_ptr(), kc.data_ptr(), units, rows, r, np_, width,
-                                       lo_rows.data_ptr(), hi_rows.data_ptr(), block_size,
-                                       out.data_ptr())  # fmt: skip
+    status = fn(qc.data_ptr(), kc.data_ptr(), units, rows, r, np_, width, lo_rows.data_ptr(),
+                hi_rows.data_ptr(), block_size, out.data_ptr())  # fmt: skip
     if status == -2:
         return None
     if status != 0:
