@@ -2,7 +2,8 @@
 
 `block_softmax_sums(scores, lo, hi, block_size)`: row i's softmax over its columns lo .. hi - 1,
 summed per block of `block_size` columns. `scored_block_mass(q, pack_keys(k), lo, hi, b, width)`:
-the same for the scores q @ k^T without forming them. On CPU both run block_softmax.c (built and
+the same for the scores q @ k^T without forming them (bfloat16 q with pack_keys_vnni(k): on AMX
+tiles where the CPU has them). On CPU both run block_softmax.c (built and
 loaded by kernels/native.py); elsewhere, without a compiler, or with SKETCHWALK_NATIVE=0 the
 torch reference below (and the torch product). Why C: torch's mask, softmax and block sum are
 three passes that write and re-read every probability, and the product before them writes every

@@ -155,7 +155,8 @@ def sampled_block_mass(  # many parameters: the block_mass op's inputs and its s
     out = torch.zeros(bsz, hkv, gh, rows, n, device=qs.device)
     # float32 on CPU: scores and block mass in one C call over keys packed in panels
     # (kernels/block_softmax.py scored_block_mass: a layer's estimate 1.5x faster at 7k tokens
-    # than the product and the C softmax apart). Otherwise [B, Hkv, r, Lk], contiguous: a
+    # than the product and the C softmax apart); bfloat16 the same call on AMX tiles where the
+    # CPU has them (keys packed in pairs, pack_keys_vnni). Otherwise [B, Hkv, r, Lk], contiguous: a
     # bfloat16 product over a key prefix of the transposed view copied the keys in every chunk
     # (~1.7x slower)
     fused = native and qs.device.type == "cpu" and library() is not None
