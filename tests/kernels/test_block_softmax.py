@@ -108,8 +108,8 @@ def test_scored_block_mass_without_c_is_the_product_and_a_wrong_packing_is_an_er
 def test_bfloat16_scored_block_mass_equals_the_reference_on_rounded_inputs(seed):
     """bfloat16 queries against keys packed for AMX tiles (pack_keys_vnni): on AMX the tile
     kernel, elsewhere the torch product; either way the reference on the rounded inputs with the
-    products summed in float32: rows past one 16-row tile, widths past several 512-key chunks,
-    partial panels, empty rows, both tile widths."""
+    products summed in float32: rows past one 16-row tile, partial panels, empty rows, both tile
+    widths."""
     gen = torch.Generator().manual_seed(seed)
     lead = [(), (3,), (2, 2)][seed % 3]
     rows = int(torch.randint(1, 40, (1,), generator=gen))
@@ -125,6 +125,22 @@ def test_bfloat16_scored_block_mass_equals_the_reference_on_rounded_inputs(seed)
     scores = q.float() @ k[..., :width, :].bfloat16().float().transpose(-1, -2)
     want = block_softmax_sums_reference(scores, lo, hi, b)
     assert got.dtype == torch.float32 and got.shape == want.shape
+    assert torch.allclose(got, want, atol=2e-5, rtol=1e-3)
+
+
+@pytest.mark.parametrize("block", [16, 48])
+def test_bfloat16_scored_block_mass_across_long_chunks(block):
+    """Past the AMX call's 8192-key chunk: keys that score ever larger move each row's max in
+    the second chunk (the first chunk's sums rescaled), rows ending on both sides of it."""
+    gen = torch.Generator().manual_seed(block)
+    rows, r, width = 37, 64, 8192 + 900
+    q = torch.randn(rows, r, generator=gen).bfloat16()
+    k = torch.randn(width, r, generator=gen) * torch.linspace(0.2, 2.0, width)[:, None]
+    lo = torch.randint(-3, 8300, (rows,), generator=gen)
+    hi = torch.randint(8000, width + 4, (rows,), generator=gen)
+    got = scored_block_mass(q, pack_keys_vnni(k), lo, hi, block, width)
+    scores = q.float() @ k.bfloat16().float().T
+    want = block_softmax_sums_reference(scores, lo, hi, block)
     assert torch.allclose(got, want, atol=2e-5, rtol=1e-3)
 
 
