@@ -1,15 +1,17 @@
-/* Block-sparse prefill attention on CPU: both products in register tiles, no gathers.
+/* Block-sparse prefill attention on CPU: both products in register tiles.
  *
  * The torch path (kernels/cpu.py) gathers each query tile's listed K/V blocks and calls torch's
  * flash kernel per group of rows: its calls run at dense attention's efficiency, but a layer
  * spends ~25% more in the thousands of small ops around them (gathers, masks, log-sum-exp
  * merges). Here one call does a layer: for each (sequence, KV head, query tile) its listed blocks
- * are taken in chunks of up to CHUNK_KEYS keys (which stay in L2 while every row of the tile
- * passes over them); 6 rows at a time are scored against the chunk (the 6 x 16 register tile of
- * block_softmax.c over the keys packed in panels of 16), the scores become probabilities with a
- * running max per row (online softmax, as in FlashAttention), and the same 6 rows take the
- * chunk's values (a 6 x 16 register tile over V's rows). The query heads of a KV head that share
- * a list are rows of one problem, so each K and V row is read once for all of them.
+ * are taken in chunks of up to CHUNK_KEYS keys, copied side by side once per chunk (they then
+ * stay in L2 while every row of the tile passes over them); 6 rows at a time are scored against
+ * the chunk (the 6 x 32 register tile of tile.h over the keys packed in panels of 16), the
+ * scores become probabilities with a running max per row (online softmax, as in
+ * FlashAttention), and the same 6 rows take the chunk's values (a 6 x 32 register tile over V's
+ * rows; 6 x 16 without AVX-512). The query heads of a KV head that share a list are rows of one
+ * problem, so each K and V row is read once for all of them. Against one call per listed block
+ * and 8-lane value sums: the kernel 1.3-1.4x faster at 2k-16k tokens (docs/notes/speed-log.md).
  * Reference: kernels/reference.py (block_sparse_attention_reference); launcher:
  * kernels/prefill_attention.py; loader: kernels/native.py.
  *
@@ -35,18 +37,27 @@
 #define HIDDEN (-3.0e38f)
 
 /* o[i][0 .. d) += sum over n keys of p[i][j] * v[j] for TILE_ROWS rows: p has row stride ldp,
- * v's rows are vts floats apart; d a multiple of 16. */
+ * v's rows are vts floats apart; d a multiple of 16. A pass holds TILE_ROWS x 2 vectors of o in
+ * registers: 32 columns with AVX-512 (the 6 x 32 tile, as the score product's), else 16. */
+#if defined(__AVX512F__)
+typedef vec16 vecv;
+#define VW 16
+#else
+typedef vec8 vecv;
+#define VW 8
+#endif
 static void add_values(const float* p, int64_t ldp, int64_t n, const float* v, int64_t vts,
                        int64_t d, float* o) {
-    for (int64_t c = 0; c < d; c += 16) {
-        vec8 acc[TILE_ROWS][2];
+    int64_t c = 0;
+    for (; c + 2 * VW <= d; c += 2 * VW) {
+        vecv acc[TILE_ROWS][2];
         for (int i = 0; i < TILE_ROWS; i++) {
-            acc[i][0] = *(const vec8*)(o + i * d + c);
-            acc[i][1] = *(const vec8*)(o + i * d + c + 8);
+            acc[i][0] = *(const vecv*)(o + i * d + c);
+            acc[i][1] = *(const vecv*)(o + i * d + c + VW);
         }
         for (int64_t j = 0; j < n; j++) {
-            const vec8 v0 = *(const vec8*)(v + j * vts + c);
-            const vec8 v1 = *(const vec8*)(v + j * vts + c + 8);
+            const vecv v0 = *(const vecv*)(v + j * vts + c);
+            const vecv v1 = *(const vecv*)(v + j * vts + c + VW);
             for (int i = 0; i < TILE_ROWS; i++) {
                 const float pv = p[i * ldp + j];
                 acc[i][0] += pv * v0;
@@ -54,10 +65,72 @@ static void add_values(const float* p, int64_t ldp, int64_t n, const float* v, i
             }
         }
         for (int i = 0; i < TILE_ROWS; i++) {
-            *(vec8*)(o + i * d + c) = acc[i][0];
-            *(vec8*)(o + i * d + c + 8) = acc[i][1];
+            *(vecv*)(o + i * d + c) = acc[i][0];
+            *(vecv*)(o + i * d + c + VW) = acc[i][1];
         }
     }
+    for (; c < d; c += 8) { /* what is left of d (16 columns with AVX-512), 8 at a time */
+        vec8 acc[TILE_ROWS];
+        for (int i = 0; i < TILE_ROWS; i++) acc[i] = *(const vec8*)(o + i * d + c);
+        for (int64_t j = 0; j < n; j++) {
+            const vec8 v0 = *(const vec8*)(v + j * vts + c);
+            for (int i = 0; i < TILE_ROWS; i++) acc[i] += p[i * ldp + j] * v0;
+        }
+        for (int i = 0; i < TILE_ROWS; i++) *(vec8*)(o + i * d + c) = acc[i];
+    }
+}
+
+/* The n listed blocks' key panels into kc [n * b / PANEL, d, PANEL] and value rows into vc
+ * [n * b, d], zeros past the cache's last key: every tile of the chunk then runs both products
+ * over one contiguous chunk (the pair-of-panels register tile instead of one panel a call). */
+static void gather_chunk(const float* ku, const float* vu, int64_t vts, const int64_t* blocks,
+                         int64_t n, int64_t b, int64_t d, int64_t lk, float* kc, float* vc) {
+    for (int64_t x = 0; x < n; x++) {
+        const int64_t k0 = blocks[x] * b, live = lk - k0 < b ? lk - k0 : b;
+        memcpy(kc + x * b * d, ku + k0 * d, sizeof(float) * (size_t)(b * d));
+        for (int64_t j = 0; j < live; j++)
+            memcpy(vc + (x * b + j) * d, vu + (k0 + j) * vts, sizeof(float) * (size_t)d);
+        memset(vc + (x * b + live) * d, 0, sizeof(float) * (size_t)((b - live) * d));
+    }
+}
+
+/* The largest of row[0 .. w), w a multiple of 16. */
+static float row_max(const float* row, int64_t w) {
+#if defined(__AVX512F__)
+    __m512 m0 = _mm512_set1_ps(HIDDEN), m1 = m0; /* two chains: max's latency overlaps */
+    int64_t j = 0;
+    for (; j + 32 <= w; j += 32) {
+        m0 = _mm512_max_ps(m0, _mm512_loadu_ps(row + j));
+        m1 = _mm512_max_ps(m1, _mm512_loadu_ps(row + j + 16));
+    }
+    if (j < w) m0 = _mm512_max_ps(m0, _mm512_loadu_ps(row + j));
+    return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+#else
+    float mx = HIDDEN;
+    for (int64_t j = 0; j < w; j++) mx = row[j] > mx ? row[j] : mx;
+    return mx;
+#endif
+}
+
+/* row[j] = e^(row[j] - m) for j < w (a multiple of 16), returning their sum. */
+static float exponentiate(float* row, int64_t w, float m) {
+#if defined(__AVX512F__)
+    const __m512 base = _mm512_set1_ps(m);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < w; j += 16) {
+        const __m512 p = exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(row + j), base));
+        _mm512_storeu_ps(row + j, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    return _mm512_reduce_add_ps(sum);
+#else
+    float sum = 0.0f;
+    for (int64_t j = 0; j < w; j++) {
+        row[j] = exp_nonpositive(row[j] - m);
+        sum += row[j];
+    }
+    return sum;
+#endif
 }
 
 /* The units u0, u0 + step, ... of B * Hkv * nt (sequence, KV head, query tile), so that callers
@@ -71,15 +144,17 @@ int prefill_block_attention_f32(const float* q, int64_t qbs, int64_t qhs, int64_
                                 int64_t step, float* out) {
     const int64_t gh = h / hkv, nt = (lq + qt - 1) / qt, nk = (lk + b - 1) / b;
     const int64_t max_rows = gh * qt + TILE_ROWS;
-    float* s = malloc(sizeof(float) * (size_t)(TILE_ROWS * CHUNK_KEYS + max_rows * d +
-                                               max_rows * (d + 2)));
+    float* s = malloc(sizeof(float) * (size_t)(TILE_ROWS * CHUNK_KEYS + 2 * CHUNK_KEYS * d +
+                                               max_rows * d + max_rows * (d + 2)));
     unsigned char* mark = malloc((size_t)nk);
     int64_t* blocks = malloc(sizeof(int64_t) * (size_t)nk);
     if (s == NULL || mark == NULL || blocks == NULL) {
         free(s), free(mark), free(blocks);
         return -1;
     }
-    float* qs = s + TILE_ROWS * CHUNK_KEYS; /* the problem's scaled queries, zero rows after */
+    float* kc = s + TILE_ROWS * CHUNK_KEYS; /* the chunk's key panels and value rows, gathered */
+    float* vc = kc + CHUNK_KEYS * d;
+    float* qs = vc + CHUNK_KEYS * d;        /* the problem's scaled queries, zero rows after */
     float* o = qs + max_rows * d;           /* their outputs so far */
     float* m = o + max_rows * d;            /* running max and total per row */
     float* l = m + max_rows;
@@ -118,15 +193,13 @@ int prefill_block_attention_f32(const float* q, int64_t qbs, int64_t qhs, int64_
             for (int64_t c0 = 0; c0 < nbl; c0 += per_chunk) {
                 const int64_t c1 = c0 + per_chunk < nbl ? c0 + per_chunk : nbl;
                 const int64_t w = (c1 - c0) * b;
+                gather_chunk(ku, vu, vts, blocks + c0, c1 - c0, b, d, lk, kc, vc);
                 for (int64_t ti = 0; ti < tiles; ti++) {
                     const int64_t i0 = ti * TILE_ROWS;
-                    for (int64_t x = c0; x < c1; x++)
-                        score_panels(qs + i0 * d, d, ku + blocks[x] * b * d, b / PANEL,
-                               s + (x - c0) * b, CHUNK_KEYS);
+                    score_panels(qs + i0 * d, d, kc, w / PANEL, s, CHUNK_KEYS);
                     for (int64_t i = 0; i < TILE_ROWS; i++) {
                         float* row = s + i * CHUNK_KEYS;
                         const int64_t pos = i0 + i < rows ? off + r0 + (i0 + i) % tr : -1;
-                        float mx = HIDDEN;
                         int seen = 0;
                         for (int64_t x = c0; x < c1; x++) { /* hide the keys it cannot see */
                             const int64_t k0 = blocks[x] * b;
@@ -137,13 +210,13 @@ int prefill_block_attention_f32(const float* q, int64_t qbs, int64_t qhs, int64_
                             if (a > 0 || e < b) /* only edge blocks: the rest is all visible */
                                 for (int64_t j = 0; j < b; j++)
                                     if (j < a || j >= e) seg[j] = HIDDEN;
-                            for (int64_t j = a; j < e; j++) mx = seg[j] > mx ? seg[j] : mx;
                             seen |= e > a;
                         }
                         if (!seen) { /* sees nothing in this chunk */
                             memset(row, 0, sizeof(float) * (size_t)w);
                             continue;
                         }
+                        const float mx = row_max(row, w); /* hidden keys are below all */
                         float* mi = m + i0 + i;
                         if (mx > *mi) { /* rescale what earlier chunks added */
                             const float f = l[i0 + i] > 0.0f ? exp_nonpositive(*mi - mx) : 0.0f;
@@ -151,20 +224,9 @@ int prefill_block_attention_f32(const float* q, int64_t qbs, int64_t qhs, int64_
                             l[i0 + i] *= f;
                             *mi = mx;
                         }
-                        const float base = *mi;
-                        float sum = 0.0f;
-                        for (int64_t j = 0; j < w; j++) { /* hidden: e^(-3e38 - base) = 0 */
-                            const float p = exp_nonpositive(row[j] - base);
-                            row[j] = p;
-                            sum += p;
-                        }
-                        l[i0 + i] += sum;
+                        l[i0 + i] += exponentiate(row, w, *mi); /* hidden: e^(-3e38 - m) = 0 */
                     }
-                    for (int64_t x = c0; x < c1; x++) { /* a partial last block: its keys only */
-                        const int64_t n = lk - blocks[x] * b < b ? lk - blocks[x] * b : b;
-                        add_values(s + (x - c0) * b, CHUNK_KEYS, n, vu + blocks[x] * b * vts,
-                                   vts, d, o + i0 * d);
-                    }
+                    add_values(s, CHUNK_KEYS, w, vc, d, d, o + i0 * d);
                 }
             }
             for (int64_t hq = qh; hq < end; hq++)
