@@ -224,7 +224,7 @@ int prefill_block_attention_f32(const float* q, int64_t qbs, int64_t qhs, int64_
                             l[i0 + i] *= f;
                             *mi = mx;
                         }
-                        l[i0 + i] += exponentiate(row, w, *mi); /* hidden: e^(-3e38 - m) = 0 */
+                        l[i0 + i] += exponentiate(row, w, *mi); /* hidden keys: ~2e-38 each */
                     }
                     add_values(s, CHUNK_KEYS, w, vc, d, d, o + i0 * d);
                 }
