@@ -215,13 +215,16 @@ static void row_chunk_mass16(const float* x, int64_t c0, int64_t c1, int64_t lo,
         _mm512_storeu_ps(o + j, _mm512_add_ps(_mm512_loadu_ps(o + j), part));
         sums = _mm512_add_ps(sums, part);
     }
-    float sum = _mm512_reduce_add_ps(sums);
-    for (; j < j1; j++) {
-        const float part = _mm512_reduce_add_ps(block_exp16(x, j, b, c0, ar, er, base));
-        o[j] += part;
-        sum += part;
+    if (j < j1) { /* the last 1-15 blocks: the same tree, zeros for the blocks past them */
+        __m512 p[16];
+        for (int k = 0; k < 16; k++)
+            p[k] = j + k < j1 ? block_exp16(x, j + k, b, c0, ar, er, base) : _mm512_setzero_ps();
+        const __m512 part = sum16x16(p);
+        const __mmask16 live = (__mmask16)((1u << (j1 - j)) - 1);
+        _mm512_mask_storeu_ps(o + j, live, _mm512_add_ps(_mm512_maskz_loadu_ps(live, o + j), part));
+        sums = _mm512_add_ps(sums, part);
     }
-    *total += sum;
+    *total += _mm512_reduce_add_ps(sums);
 }
 #endif
 
