@@ -6,12 +6,12 @@
  * merges). Here one call does a layer: for each (sequence, KV head, query tile) its listed blocks
  * are taken in chunks of up to CHUNK_KEYS keys, copied side by side once per chunk (they then
  * stay in L2 while every row of the tile passes over them); 6 rows at a time are scored against
- * the chunk (the 6 x 32 register tile of tile.h over the keys packed in panels of 16), the
- * scores become probabilities with a running max per row (online softmax, as in
- * FlashAttention), and the same 6 rows take the chunk's values (a 6 x 32 register tile over V's
- * rows; 6 x 16 without AVX-512). The query heads of a KV head that share a list are rows of one
- * problem, so each K and V row is read once for all of them. Against one call per listed block
- * and 8-lane value sums: the kernel 1.3-1.4x faster at 2k-16k tokens (docs/notes/speed-log.md).
+ * the chunk (tile.h's register tile over the keys packed in panels of 16: 6 x 32 with AVX-512,
+ * else 6 x 16), the scores become probabilities with a running max per row (online softmax, as
+ * in FlashAttention), and the same 6 rows take the chunk's values (a register tile of the same
+ * size over V's rows). The query heads of a KV head that share a list are rows of one problem,
+ * so each K and V row is read once for all of them. Against one call per listed block and
+ * 8-lane value sums: the kernel 1.3-1.4x faster at 2k-16k tokens (docs/notes/speed-log.md).
  * Reference: kernels/reference.py (block_sparse_attention_reference); launcher:
  * kernels/prefill_attention.py; loader: kernels/native.py.
  *
