@@ -314,6 +314,20 @@ static void normalize_rows(float* o, const float* total, int64_t rows, int64_t n
     }
 }
 
+/* What both fused calls do before a unit's chunks: its queries (rows of `row_bytes`) copied
+ * into qpad with zero rows up to whole tiles, its sums o [rows, nb] zeroed and each row's running
+ * max and total reset; returns where its keys end (tile_ends). */
+static int64_t unit_start(void* qpad, const void* q, size_t row_bytes, int64_t rows,
+                          int64_t tile, const int64_t* hi, int64_t width, int64_t* ends,
+                          float* o, int64_t nb, float* m, float* total) {
+    const int64_t ntiles = (rows + tile - 1) / tile;
+    memset(qpad, 0, row_bytes * (size_t)(ntiles * tile));
+    memcpy(qpad, q, row_bytes * (size_t)rows);
+    memset(o, 0, sizeof(float) * (size_t)(rows * nb));
+    for (int64_t i = 0; i < rows; i++) m[i] = -3.0e38f, total[i] = 0.0f;
+    return tile_ends(hi, rows, tile, width, ends);
+}
+
 /* Rows i0 .. i0 + tile - 1 (those below rows) of a scored tile s (row stride lds, columns c0 ..
  * c1 - 1) into their running maxima m, totals and block sums o [rows, nb]. */
 static void tile_mass(const float* s, int64_t i0, int64_t tile, int64_t rows, int64_t lds,
@@ -353,11 +367,8 @@ int scored_block_mass_f32(const float* q, const float* kp, int64_t units, int64_
         const int64_t* lu = lo + u * rows;
         const int64_t* hu = hi + u * rows;
         float* ou = out + u * rows * nb;
-        memset(qpad, 0, sizeof(float) * (size_t)(ntiles * TILE_ROWS * r));
-        memcpy(qpad, q + u * rows * r, sizeof(float) * (size_t)(rows * r));
-        memset(ou, 0, sizeof(float) * (size_t)(rows * nb));
-        const int64_t far = tile_ends(hu, rows, TILE_ROWS, width, ends);
-        for (int64_t i = 0; i < rows; i++) m[i] = -3.0e38f, total[i] = 0.0f;
+        const int64_t far = unit_start(qpad, q + u * rows * r, sizeof(float) * (size_t)r, rows,
+                                       TILE_ROWS, hu, width, ends, ou, nb, m, total);
         for (int64_t c0 = 0; c0 < far; c0 += ck) {
             for (int64_t t = 0; t < ntiles; t++) {
                 const int64_t c1 = ends[t] < c0 + ck ? ends[t] : c0 + ck;
@@ -462,11 +473,8 @@ int scored_block_mass_amx(const uint16_t* q, const uint16_t* kp, int64_t units, 
         const int64_t* lu = lo + u * rows;
         const int64_t* hu = hi + u * rows;
         float* ou = out + u * rows * nb;
-        memset(qpad, 0, sizeof(uint16_t) * (size_t)(ntiles * AMX_ROWS * r));
-        memcpy(qpad, q + u * rows * r, sizeof(uint16_t) * (size_t)(rows * r));
-        memset(ou, 0, sizeof(float) * (size_t)(rows * nb));
-        const int64_t far = tile_ends(hu, rows, AMX_ROWS, width, ends);
-        for (int64_t i = 0; i < rows; i++) m[i] = -3.0e38f, total[i] = 0.0f;
+        const int64_t far = unit_start(qpad, q + u * rows * r, sizeof(uint16_t) * (size_t)r,
+                                       rows, AMX_ROWS, hu, width, ends, ou, nb, m, total);
         for (int64_t c0 = 0; c0 < far; c0 += ck) {
             for (int64_t t = 0; t < ntiles; t++) {
                 const int64_t c1 = ends[t] < c0 + ck ? ends[t] : c0 + ck;

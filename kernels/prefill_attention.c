@@ -10,8 +10,8 @@
  * else 6 x 16), the scores become probabilities with a running max per row (online softmax, as
  * in FlashAttention), and the same 6 rows take the chunk's values (a register tile of the same
  * size over V's rows). The query heads of a KV head that share a list are rows of one problem,
- * so each K and V row is read once for all of them. Against one call per listed block and
- * 8-lane value sums: the kernel 1.3-1.4x faster at 2k-16k tokens (docs/notes/speed-log.md).
+ * so each K and V row is read once for all of them. The copy lets the register tiles run over
+ * the whole chunk rather than block by block: 1.3-1.4x at 2k-16k tokens (docs/notes/speed-log.md).
  * Reference: kernels/reference.py (block_sparse_attention_reference); launcher:
  * kernels/prefill_attention.py; loader: kernels/native.py.
  *

@@ -225,8 +225,9 @@ class SketchWalkConfig:
         "auto",
         "the sampled estimator's score product in a prefill: 'float32' is the exact reference "
         "and, on a CPU, one fused C call with the softmax; 'bfloat16' (the softmax and the "
-        "masses stay float32) the same fused call on AMX tiles where the CPU has them (one "
-        "layer's selection 90 against 118 ms at 7376 tokens, the same KL on four texts), else "
+        "masses stay float32) the same fused call on AMX tiles where the CPU has them (a "
+        "layer's selection 1.3x faster than in float32 at 7376 tokens, the same KL on four "
+        "texts: docs/speed.md), else "
         "a oneDNN product with the softmax apart (slower than the float32 call); 'auto' takes "
         "bfloat16 on CUDA and on CPUs with AMX, float32 on other CPUs with the C kernels, else "
         "bfloat16 where oneDNN has it natively",
