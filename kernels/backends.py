@@ -88,7 +88,7 @@ class BackendLimits:
 OPS = (
     "attend",  # reference.py block_sparse_attention_reference
     "block_mass",  # block_mass_reference.py pooled_block_mass_reference: [B, Hkv, R, n]
-    "block_softmax",  # block_softmax.py block_softmax_sums_reference: scores -> per-block mass
+    "row_mass",  # block_softmax.py row_mass_reference: decode's row, queries x keys -> block mass
     "sketch_rows",  # hadamard.py srht_rows_reference: x @ matrix with block sums and squares
     "block_lists",  # block_lists.py block_lists_reference: kept mask -> sorted index lists
     "absorb_token",  # token_sketch.py absorb_token_torch: one decode token into the sums
@@ -96,7 +96,7 @@ OPS = (
 
 _TORCH_OPS = (
     ("block_mass", "cpu_block_mass:pooled_block_mass_torch"),
-    ("block_softmax", "block_softmax:block_softmax_sums_reference"),
+    ("row_mass", "block_softmax:row_mass_reference"),
     ("sketch_rows", "hadamard:srht_rows_torch"),
     ("block_lists", "block_lists:block_lists_reference"),
     ("absorb_token", "token_sketch:absorb_token_torch"),
@@ -148,7 +148,7 @@ REGISTRY: dict[str, Backend] = {
             decode_at="decode_cache:KEEPER",
             ops_at=(
                 ("block_mass", "cpu_block_mass:pooled_block_mass_cpu"),
-                ("block_softmax", "cpu_block_mass:row_block_mass"),
+                ("row_mass", "cpu_block_mass:row_mass_cpu"),
                 ("sketch_rows", "hadamard:srht_rows_cpu"),
                 ("block_lists", "block_lists:block_lists"),
                 ("absorb_token", "token_sketch:absorb_token_cpu"),

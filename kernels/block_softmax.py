@@ -33,6 +33,22 @@ def block_softmax_sums_reference(
     return probs.unflatten(-1, (nb, block_size)).sum(-1)
 
 
+def row_mass_reference(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    lo: torch.Tensor | int,
+    hi: torch.Tensor | int,
+    block_size: int,
+    dtype: torch.dtype = torch.float32,
+    packed: PackedKeys | None = None,
+) -> torch.Tensor:
+    """The backends' row_mass op in torch: block_softmax_sums_reference of q [..., R, r] scored
+    against keys [..., L, r], both rounded to dtype and their products summed in float32 (as
+    the AMX tiles sum them). packed: a PackedKeys the CPU op keeps up to date (not read here)."""
+    scores = q.to(dtype).float() @ keys.to(dtype).float().transpose(-1, -2)
+    return block_softmax_sums_reference(scores, lo, hi, block_size)
+
+
 def block_softmax_sums(
     scores: torch.Tensor, lo: torch.Tensor | int, hi: torch.Tensor | int, block_size: int
 ) -> torch.Tensor:
@@ -87,6 +103,40 @@ def pack_keys_vnni(k: torch.Tensor) -> torch.Tensor:
         kb = torch.nn.functional.pad(kb, (0, 0, 0, n * PANEL - length))
     pairs = kb.view(torch.int32).unflatten(-2, (n, PANEL))  # [..., n, PANEL, r / 2]
     return pairs.transpose(-2, -1).contiguous().view(torch.bfloat16).unflatten(-1, (PANEL, 2))
+
+
+class PackedKeys:
+    """A growing key cache kept in pack_keys_vnni's layout: decode scores the current row against
+    every cached key at each re-selection, and packing them afresh each time cost more than the
+    scoring (a layer's keys at 7376 tokens: ~2 ms against ~0.5 ms for the fused call). `update`
+    repacks only the panels from the first that holds new keys, into a buffer with room to grow.
+    The cache must only grow: keys already packed are not read again (a shorter or other-shaped
+    cache starts the copy afresh)."""
+
+    def __init__(self) -> None:
+        self.panels: torch.Tensor | None = None  # [..., cap, r / 2, PANEL, 2] bfloat16
+        self.length = 0  # keys packed
+
+    def update(self, keys: torch.Tensor) -> torch.Tensor:
+        """The buffer holding keys [..., L, r] packed (its first ceil(L / PANEL) panels; the rest
+        zero), after packing what is new since the last call."""
+        length, r = keys.shape[-2], keys.shape[-1]
+        need = -(-length // PANEL)
+        buf = self.panels
+        if buf is not None and (buf.shape[:-4] != keys.shape[:-2] or length < self.length
+                                or buf.shape[-3] != r // 2):  # fmt: skip
+            buf, self.length = None, 0
+        if buf is None or buf.shape[-4] < need:
+            cap = need + max(16, need // 4)  # a copy every quarter of the length, not every panel
+            grown = keys.new_zeros(*keys.shape[:-2], cap, r // 2, PANEL, 2, dtype=torch.bfloat16)
+            if buf is not None:
+                grown[..., : buf.shape[-4], :, :, :] = buf
+            buf = self.panels = grown
+        p0 = self.length // PANEL
+        if length > p0 * PANEL:
+            buf[..., p0:need, :, :, :] = pack_keys_vnni(keys[..., p0 * PANEL : length, :])
+        self.length = length
+        return buf
 
 
 def _unpack_vnni(panels: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .block_softmax import (
+    PackedKeys,
     block_softmax_sums,
     block_softmax_sums_reference,
     pack_keys,
@@ -247,6 +248,21 @@ def pooled_block_mass_cpu(  # many parameters: the block_mass op's (kernels/back
 pooled_block_mass_torch = functools.partial(pooled_block_mass_cpu, native=False)
 
 
-def row_block_mass(scores: torch.Tensor, lo, hi, block_size: int) -> torch.Tensor:
-    """The backends' block_softmax op on a CPU: block_softmax_sums (C where it applies)."""
+def row_mass_cpu(  # the row_mass op's parameters (kernels/backends.py)
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    lo: torch.Tensor | int,
+    hi: torch.Tensor | int,
+    block_size: int,
+    dtype: torch.dtype = torch.float32,
+    packed: PackedKeys | None = None,
+) -> torch.Tensor:
+    """The backends' row_mass op on a CPU (row_mass_reference's contract): bfloat16 on AMX tiles
+    with a PackedKeys to keep, one fused C call over the kept keys (decode at 2k / 7k tokens:
+    ~2x faster than the float32 product over the cache and the softmax apart, half the bytes
+    read); else the product and block_softmax_sums (C where it applies)."""
+    if packed is not None and dtype == torch.bfloat16 and library() is not None and _amx_fits(keys):
+        panels = packed.update(keys)
+        return scored_block_mass(q.to(dtype), panels, lo, hi, block_size, keys.shape[-2])
+    scores = q.to(dtype).float() @ keys.to(dtype).float().transpose(-1, -2)
     return block_softmax_sums(scores, lo, hi, block_size)

@@ -223,7 +223,8 @@ class SketchWalkConfig:
     )
     score_dtype: str = knob(
         "auto",
-        "the sampled estimator's score product in a prefill: 'float32' is the exact reference "
+        "the sampled estimator's score product in a prefill and in decode's re-selections: "
+        "'float32' is the exact reference "
         "and, on a CPU, one fused C call with the softmax; 'bfloat16' (the softmax and the "
         "masses stay float32) the same fused call on AMX tiles where the CPU has them (a "
         "layer's selection 1.3x faster than in float32 at 7376 tokens, the same KL on four "

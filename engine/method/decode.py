@@ -43,6 +43,7 @@ from sketchwalk.engine.method.sketch import (
 from sketchwalk.engine.method.step import StepPlan
 from sketchwalk.engine.method.walk import walk_row, walk_rows
 from sketchwalk.kernels import BlockLists, kernel
+from sketchwalk.kernels.block_softmax import PackedKeys
 
 
 @dataclass
@@ -65,6 +66,8 @@ class DecodeLayerState:
     phase: float = 0.0  # where in its re-selection cadence the layer re-selects (decode_stagger)
     extended_from: BlockLists | None = None  # `selection` is this one plus its newest block
     gathered: object | None = None  # the backend keeps it (kernels/backends.py DecodeKeeper)
+    # the cached keys as the sampled estimator's fused call reads them, grown with the cache
+    packed_keys: PackedKeys = field(default_factory=PackedKeys)
     # per key block, what the estimators read from the sums (see key_estimates), in buffers with
     # room to grow; blocks from est_valid on changed since and are recomputed when next read
     est_km: torch.Tensor | None = None  # [B, Hkv, cap, r] block-mean keys

@@ -12,6 +12,7 @@ from sketchwalk.engine.hf.session import sketch_walk_session
 from sketchwalk.engine.method.config import SketchWalkConfig
 from sketchwalk.kernels import REGISTRY, kernel, native, use_backend
 from sketchwalk.kernels.backends import OPS, choose_backend
+from sketchwalk.kernels.block_softmax import PackedKeys
 
 
 def test_every_automatic_backend_names_every_op():
@@ -41,7 +42,7 @@ def test_a_bound_backend_is_what_kernel_returns_and_ends_with_its_block():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_cpu_ops_match_the_reference_backend(seed):
-    """block_mass, block_softmax, sketch_rows, block_lists and absorb_token of the cpu backend
+    """block_mass, row_mass, sketch_rows, block_lists and absorb_token of the cpu backend
     equal the reference backend's on random shapes (partial blocks, padding, GQA)."""
     from sketchwalk.engine.method.sketch import make_srht, sample_positions
 
@@ -61,12 +62,20 @@ def test_cpu_ops_match_the_reference_backend(seed):
         got = kernel("block_mass", "cpu", "cpu")(*args)
         assert got.shape == (2, hkv, -(-int(pos[-1] + 1) // b), -(-t // b))
         assert (got - want).abs().max() < 1e-5 and want.abs().sum() > 0
-    scores = torch.randn(3, 5, t, generator=g)
-    lo, hi = torch.randint(0, 5, (3, 5), generator=g), torch.randint(5, t + 1, (3, 5), generator=g)
-    torch.testing.assert_close(
-        kernel("block_softmax", "cpu", "cpu")(scores, lo, hi, b),
-        kernel("block_softmax", "cpu", "reference")(scores, lo, hi, b),
+    lo, hi = (
+        torch.randint(0, 5, (2, 1, 1), generator=g),
+        torch.randint(5, t + 1, (2, 1, 1), generator=g),
     )
+    packed = PackedKeys()
+    for dtype in (torch.float32, torch.bfloat16):  # bfloat16: the fused call on kept keys (AMX)
+        for length in (t - 7, t):  # the cache grows between two re-selections
+            row = (qs[:, :hkv, -5:], ks[:, :, :length], lo, hi.clamp(max=length), b, dtype, packed)
+            torch.testing.assert_close(
+                kernel("row_mass", "cpu", "cpu")(*row),
+                kernel("row_mass", "cpu", "reference")(*row),
+                atol=2e-5,
+                rtol=1e-3,
+            )
     srht = make_srht(d, 64 if seed % 2 else 32, seed, 3)
     keep = None if srht.keep.numel() == srht.padded_dim else srht.keep
     sk = (ks, srht.matrix, srht.signs, keep, srht.scale / srht.padded_dim**0.5, b, valid)

@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from sketchwalk.kernels.block_softmax import (
+    PackedKeys,
+    _unpack_vnni,
     block_softmax_sums,
     block_softmax_sums_reference,
     pack_keys,
@@ -162,3 +164,31 @@ def test_amx_is_what_the_cpu_and_the_compiler_have(monkeypatch):
         monkeypatch.undo()
     monkeypatch.setenv("SKETCHWALK_NATIVE", "0")
     assert not amx()
+
+
+@pytest.mark.parametrize("r", [64, 128])
+def test_packed_keys_follow_a_growing_cache(r):
+    """PackedKeys keeps pack_keys_vnni's layout of a cache grown by 1, 15, 16, 17 and a few
+    hundred keys (panels filled across calls, the buffer grown past its room): its first panels
+    always unpack to the cache's keys in bfloat16, the rest stays zero, and the fused call on it
+    equals the reference. A shorter cache or another shape starts afresh."""
+    gen = torch.Generator().manual_seed(r)
+    cache = torch.randn(2, 3, 900, r, generator=gen)
+    packed = PackedKeys()
+    length = 0
+    for grow in (5, 1, 15, 16, 17, 300, 1, 200):
+        length += grow
+        keys = cache[:, :, :length]
+        buf = packed.update(keys)
+        unpacked = _unpack_vnni(buf)
+        assert torch.equal(unpacked[..., :length, :], keys.bfloat16())
+        assert not unpacked[..., length:, :].any()
+    q = torch.randn(2, 3, 7, r, generator=gen).bfloat16()
+    got = scored_block_mass(q, buf, 0, length, 16, length)
+    want = block_softmax_sums_reference(q.float() @ keys.bfloat16().float().transpose(-1, -2),
+                                        0, length, 16)  # fmt: skip
+    assert torch.allclose(got, want, atol=2e-5, rtol=1e-3)
+    other = torch.randn(2, 3, 40, r, generator=gen)  # a new, shorter cache: packed afresh
+    assert torch.equal(_unpack_vnni(packed.update(other))[..., :40, :], other.bfloat16())
+    one = torch.randn(1, 3, 50, r, generator=gen)  # another batch
+    assert torch.equal(_unpack_vnni(packed.update(one))[..., :50, :], one.bfloat16())

@@ -21,6 +21,7 @@ from sketchwalk.engine.method.estimators.base import DecodeInputs, Estimator
 from sketchwalk.engine.method.score_basis import in_score_basis
 from sketchwalk.engine.method.sketch import SRHT, QueryTokens, SketchedBlocks, key_span
 from sketchwalk.kernels import kernel
+from sketchwalk.kernels.block_softmax import PackedKeys
 from sketchwalk.kernels.native import amx, library
 from sketchwalk.kernels.pooling import kv_rows
 
@@ -46,7 +47,7 @@ def score_dtype(name: str, device: torch.device | str) -> torch.dtype:
     return torch.bfloat16 if native is not None and native() else torch.float32
 
 
-def current_row_mass(
+def current_row_mass(  # many parameters: the row's inputs and the estimator's knobs
     qs: torch.Tensor,
     ks: torch.Tensor,
     block_size: int,
@@ -55,21 +56,25 @@ def current_row_mass(
     pool: str = "mean",
     key_valid: torch.Tensor | None = None,
     q_valid: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+    packed: PackedKeys | None = None,
 ) -> torch.Tensor:
     """Decode's one row: the queries qs [B, H, s, r] all stand for the newest position, so each
     sees every real key of ks [B, Hkv, Lk, r] (key_valid [B, Lk], one span per sequence; None:
     all real); their block masses [B, Hkv, G, 1, n] are averaged over the real ones (q_valid
     [B, s]; None: all), or with pool "max" each block's largest. No causal mask and no per-row
     scatter: at 7k tokens a per-row path spent a quarter of its time filling a padded copy of
-    the scores. The softmax sums are the backend's block_softmax op (kernels/backends.py)."""
+    the scores. The scores and their softmax sums are the backend's row_mass op
+    (kernels/backends.py), in `dtype` (score_dtype), over the keys `packed` keeps where it can."""
     bsz, h, s = ks.shape[0], qs.shape[1], qs.shape[2]
-    hkv, lk = ks.shape[1], ks.shape[2]
-    gh, b = h // hkv, block_size
-    lo, hi = (0, lk) if key_valid is None else (x.view(bsz, 1, 1) for x in key_span(key_valid))
+    hkv = ks.shape[1]
+    gh = h // hkv
+    lo, hi = (
+        (0, ks.shape[2]) if key_valid is None else (x.view(bsz, 1, 1) for x in key_span(key_valid))
+    )
     qg = kv_rows(qs * (dim**-0.5 / tau), hkv)
-    softmax_sums = kernel("block_softmax", qs.device)
-    mass = softmax_sums(qg @ ks.transpose(-1, -2), lo, hi, b)  # [B, Hkv, G*s, n]
-    mass = mass.view(bsz, hkv, gh, s, -1)
+    mass = kernel("row_mass", qs.device)(qg, ks, lo, hi, block_size, dtype, packed)
+    mass = mass.view(bsz, hkv, gh, s, -1)  # [B, Hkv, G * s, n] per query head
     if q_valid is not None:
         mass = mass * q_valid[:, None, None, :, None]
     if pool == "max":
@@ -78,7 +83,7 @@ def current_row_mass(
     return mass.sum(3, keepdim=True) / real
 
 
-def decode_sampled_mass(
+def decode_sampled_mass(  # many parameters: the decode row's inputs and its kept keys
     window: torch.Tensor,
     srht: SRHT,
     keys: torch.Tensor,
@@ -86,22 +91,28 @@ def decode_sampled_mass(
     cfg: SketchWalkConfig,
     dim: int,
     all_valid: bool = False,
+    packed: PackedKeys | None = None,
 ) -> torch.Tensor:
     """The sampled estimator in decode, [B, Hkv, G, 1, n]: the last query_samples queries of the
     window (0: all of it) scored against every key in the cache, each seeing all of them (they
     stand for the current row), their block masses pooled (cfg.pool). The window holds sketched
     queries S q; (S q) S^T scored against raw keys is the sketched inner product (S q).(S k) for
     any r, so the cache is never sketched. Cost: samples x H x T x d, once per fresh selection
-    (with decode_reselect 0: once per key block). all_valid: no padding (no masks to apply)."""
+    (with decode_reselect 0: once per key block), in the prefill's score dtype; packed: the
+    layer's keys as the fused call reads them, kept across steps (the decode state's).
+    all_valid: no padding (no masks to apply)."""
     lk = keys.shape[2]
     s = cfg.query_samples or window.shape[2]
     qs = window[:, :, -s:] @ srht.matrix.T  # [B, H, s, d]
     s = qs.shape[2]
+    dtype = score_dtype(cfg.score_dtype, qs.device)
     if all_valid:
-        return current_row_mass(qs, keys.float(), cfg.block_size, dim, cfg.tau, cfg.pool)
+        return current_row_mass(
+            qs, keys, cfg.block_size, dim, cfg.tau, cfg.pool, dtype=dtype, packed=packed
+        )
     q_valid = key_valid[:, lk - s :].bool()  # the window's queries are the last s tokens
     return current_row_mass(
-        qs, keys.float(), cfg.block_size, dim, cfg.tau, cfg.pool, key_valid.bool(), q_valid
+        qs, keys, cfg.block_size, dim, cfg.tau, cfg.pool, key_valid.bool(), q_valid, dtype, packed
     )
 
 
@@ -129,7 +140,9 @@ def prefill(
 def decode(x: DecodeInputs) -> torch.Tensor:
     if x.keys is None:
         return query.decode(x)
-    return decode_sampled_mass(x.st.window, x.srht, x.keys, x.key_valid, x.cfg, x.dim, x.all_valid)
+    return decode_sampled_mass(
+        x.st.window, x.srht, x.keys, x.key_valid, x.cfg, x.dim, x.all_valid, x.st.packed_keys
+    )
 
 
 ESTIMATOR = Estimator(
