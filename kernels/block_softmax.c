@@ -509,3 +509,40 @@ int scored_block_mass_amx(const uint16_t* q, const uint16_t* kp, int64_t units, 
     return -2;
 }
 #endif
+
+/* float32 -> bfloat16, rounded to nearest even as torch rounds (a NaN stays a quiet NaN). */
+static inline uint16_t bf16_rne(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Keys start .. end - 1 of k [bsz, hkv, L, r] (strides sb, sh, sl; r even) into their panels
+ * of out [bsz, hkv, cap, r / 2, PANEL, 2] (kernels/block_softmax.py pack_keys_vnni's layout),
+ * from panel start / PANEL (start a multiple of PANEL) to the one holding end - 1, zero keys
+ * after end: one pass over the keys, where torch's cast, pad and transpose took three
+ * (a layer's keys at 7376 tokens: see the speed log). */
+int pack_keys_vnni_f32(const float* k, int64_t sb, int64_t sh, int64_t sl, int64_t bsz,
+                       int64_t hkv, int64_t start, int64_t end, int64_t r, uint16_t* out,
+                       int64_t cap) {
+    const int64_t p0 = start / PANEL, p1 = (end + PANEL - 1) / PANEL, pairs = r / 2;
+    for (int64_t u = 0; u < bsz * hkv; u++) {
+        const float* src = k + (u / hkv) * sb + (u % hkv) * sh;
+        uint16_t* dst = out + u * cap * r * PANEL;
+        for (int64_t p = p0; p < p1; p++) {
+            uint16_t* panel = dst + p * r * PANEL;
+            const int64_t n = end - p * PANEL < PANEL ? end - p * PANEL : PANEL; /* real keys */
+            const float* rows = src + p * PANEL * sl;
+            for (int64_t j = 0; j < pairs; j++) { /* written front to back, read from L1 */
+                uint16_t* pair = panel + j * 2 * PANEL;
+                for (int64_t i = 0; i < n; i++) {
+                    pair[2 * i] = bf16_rne(rows[i * sl + 2 * j]);
+                    pair[2 * i + 1] = bf16_rne(rows[i * sl + 2 * j + 1]);
+                }
+                for (int64_t i = n; i < PANEL; i++) pair[2 * i] = pair[2 * i + 1] = 0;
+            }
+        }
+    }
+    return 0;
+}

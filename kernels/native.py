@@ -41,6 +41,7 @@ _SIGNATURES = {
     "scored_block_mass_f32": "p p i i i i i p p i p",
     "scored_block_mass_amx": "p p i i i i i p p i p",
     "amx_available": "",
+    "pack_keys_vnni_f32": "p i i i i i i i i p i",
     "decode_block_attention_f32": "p p i i i p i i i i i i i i i p p i i p f p",
     "prefill_block_attention_f32": "p i i i p p i i i i i i i i i i i i p p i i p f i i p",
     "srht_rows_f32": "p i i i i i i i i p p i f p i i i p p p",

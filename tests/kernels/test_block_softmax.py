@@ -192,3 +192,30 @@ def test_packed_keys_follow_a_growing_cache(r):
     assert torch.equal(_unpack_vnni(packed.update(other))[..., :40, :], other.bfloat16())
     one = torch.randn(1, 3, 50, r, generator=gen)  # another batch
     assert torch.equal(_unpack_vnni(packed.update(one))[..., :50, :], one.bfloat16())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_c_packing_equals_torchs_bit_for_bit(seed, monkeypatch):
+    """pack_keys_vnni in C (float32 keys [B, Hkv, L, r], any strides but the last) gives torch's
+    bits: round-to-nearest-even ties, NaN, infinities, -0.0 and subnormals included, keys past L
+    zero; PackedKeys grown in C from a panel's middle equals a fresh packing."""
+    gen = torch.Generator().manual_seed(seed)
+    length, r = int(torch.randint(1, 300, (1,), generator=gen)), [64, 128, 2, 6][seed % 4]
+    base = torch.randn(2, 5, length + 9, r, generator=gen)
+    bits = base.view(torch.int32)
+    tie = torch.rand(base.shape, generator=gen) < 0.2  # exactly halfway between two bfloat16
+    bits[tie] = (bits[tie] & ~0xFFFF) | 0x8000
+    flat = base.view(-1)
+    flat[:4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    flat[4] = 1e-41  # subnormal
+    k = base[:, 1:4, 3 : 3 + length]  # a strided view, as a cache hands its keys over
+    fast = pack_keys_vnni(k)
+    monkeypatch.setenv("SKETCHWALK_NATIVE", "0")
+    slow = pack_keys_vnni(k)
+    assert torch.equal(fast.view(torch.int16), slow.view(torch.int16))
+    grown = PackedKeys()
+    grown.update(k[:, :, : max(length - 21, 0)])
+    monkeypatch.setenv("SKETCHWALK_NATIVE", "1")
+    got = grown.update(k)
+    assert torch.equal(got[:, :, : slow.shape[2]].view(torch.int16), slow.view(torch.int16))
+    assert library() is not None
