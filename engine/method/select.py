@@ -536,9 +536,10 @@ def decode_row_selection(
     win_start = max(cur - rule.window_blocks, start_block)  # blocks win_start .. cur
     n_forced = (sink_end - start_block) + (cur - win_start + 1) - max(sink_end - win_start, 0)
     # row_budget with one row: ceil(rate * candidates - 1e-9) in float32, rate = density
+    rates = [float(density)] * groups if isinstance(density, (int, float)) else None
     budgets = [
         min(max(n_forced, math.ceil(_f32(_f32(_f32(d) * n_cand) - _f32(1e-9)))), n_cand)
-        for d in group_rates(density, groups).tolist()
+        for d in (rates or group_rates(density, groups).tolist())
     ]
     budget = max(budgets)
     ranked = scores.float().clone()
@@ -549,11 +550,15 @@ def decode_row_selection(
     if start_block > 0:
         ranked[..., :start_block] = float("-inf")
     top = ranked.topk(budget, dim=-1, sorted=True).indices
-    count = torch.tensor(budgets, dtype=torch.int32, device=scores.device).view(1, groups, 1)
-    live = torch.arange(budget, device=scores.device) < count[..., None]  # groups' own budgets
-    index = torch.where(live, top, nk).sort(dim=-1).values
-    index = torch.where(index < nk, index, index[..., :1]).to(torch.int32)  # tails repeat the first
-    count = count.expand(bsz, groups, 1).contiguous()
+    if min(budgets) == budget:  # one budget for every group: no tails to fill (half the ops)
+        index = top.sort(dim=-1).values.to(torch.int32)
+        count = torch.full((bsz, groups, 1), budget, dtype=torch.int32, device=scores.device)
+    else:
+        count = torch.tensor(budgets, dtype=torch.int32, device=scores.device).view(1, groups, 1)
+        live = torch.arange(budget, device=scores.device) < count[..., None]  # groups' budgets
+        index = torch.where(live, top, nk).sort(dim=-1).values
+        index = torch.where(index < nk, index, index[..., :1]).to(torch.int32)  # tails: the first
+        count = count.expand(bsz, groups, 1).contiguous()
     kept, candidates = bsz * sum(budgets), bsz * groups * n_cand
     return BlockLists(
         index, count, rule.block_size, key_blocks=nk, kept=kept, candidates=candidates
