@@ -92,6 +92,7 @@ OPS = (
     "sketch_rows",  # hadamard.py srht_rows_reference: x @ matrix with block sums and squares
     "block_lists",  # block_lists.py block_lists_reference: kept mask -> sorted index lists
     "absorb_token",  # token_sketch.py absorb_token_torch: one decode token into the sums
+    "take_best",  # take_best.py take_best_reference: a layer's budget, best value first
 )
 
 _TORCH_OPS = (
@@ -100,6 +101,7 @@ _TORCH_OPS = (
     ("sketch_rows", "hadamard:srht_rows_torch"),
     ("block_lists", "block_lists:block_lists_reference"),
     ("absorb_token", "token_sketch:absorb_token_torch"),
+    ("take_best", "take_best:take_best_reference"),
 )
 
 
@@ -152,6 +154,7 @@ REGISTRY: dict[str, Backend] = {
                 ("sketch_rows", "hadamard:srht_rows_cpu"),
                 ("block_lists", "block_lists:block_lists"),
                 ("absorb_token", "token_sketch:absorb_token_cpu"),
+                ("take_best", "take_best:take_best"),
             ),
         ),
         # the Triton kernels (attention and the sampled estimator) tile key blocks in powers of

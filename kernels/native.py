@@ -3,7 +3,8 @@
 `library()` is one shared library built from every kernels/*.c (block_softmax.c: the sampled
 estimator's softmax mass per key block; decode_attention.c and prefill_attention.c: attention
 over listed blocks; token_sketch.c: a decode token into the sketch's block sums; hadamard.c: a
-prefill's sketch of many rows with their block sums; block_lists.c: a kept mask as index lists)
+prefill's sketch of many rows with their block sums; block_lists.c: a kept mask as index lists;
+take_best.c: a layer's budget spent best value first)
 with the machine's C compiler (`$CC`, else `cc`) into `$SKETCHWALK_CACHE/native` (default
 ~/.cache/sketchwalk/native), one library per source, compiler and CPU. Where it cannot be built,
 or with SKETCHWALK_NATIVE=0, it is None after one warning, and every caller runs its torch path.
@@ -46,6 +47,7 @@ _SIGNATURES = {
     "prefill_block_attention_f32": "p i i i p p i i i i i i i i i i i i p p i i p f i i p",
     "srht_rows_f32": "p i i i i i i i i p p i f p i i i p p p",
     "block_lists_i32": "p i i i p",
+    "take_best_f32": "p p i i i p i p",
     "absorb_token_f32": "p i i p i i p i i i i i p i i p i i p i i p i p i p",
 }
 _TYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}

@@ -7,11 +7,11 @@ from sketchwalk.engine.method import select
 from sketchwalk.engine.method.config import SketchWalkConfig
 from sketchwalk.engine.method.select import (
     ForcedRule,
-    best_first,
     select_blocks,
     selection_mask,
 )
 from sketchwalk.kernels import BlockLists
+from sketchwalk.kernels.take_best import best_first
 
 
 def run_select(
