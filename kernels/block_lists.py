@@ -41,5 +41,6 @@ def block_lists(keep: torch.Tensor, kmax: int) -> torch.Tensor:
     flags = keep.contiguous()
     index = torch.empty(*keep.shape[:-1], kmax, dtype=torch.int32)
     rows = keep[..., 0].numel() if keep.shape[-1] else 0
-    lib.block_lists_i32(flags.data_ptr(), rows, keep.shape[-1], kmax, index.data_ptr())
+    if lib.block_lists_i32(flags.data_ptr(), rows, keep.shape[-1], kmax, index.data_ptr()) != 0:
+        raise MemoryError(f"block_lists: no memory for a row of {keep.shape[-1]} blocks")
     return index
