@@ -21,7 +21,9 @@ import json
 import os
 import sys
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from sketchwalk.openmp import short_spin_waits
+
+os.environ.update(short_spin_waits(os.environ))
 
 import torch  # noqa: E402
 

@@ -17,7 +17,9 @@ import statistics
 import time
 from collections import Counter
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from sketchwalk.openmp import short_spin_waits
+
+os.environ.update(short_spin_waits(os.environ))
 
 import torch  # noqa: E402
 

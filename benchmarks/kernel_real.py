@@ -25,7 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 # as the sketchwalk command does: see docs/notes/speed-log.md
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from sketchwalk.openmp import short_spin_waits
+
+os.environ.update(short_spin_waits(os.environ))
 import torch  # noqa: E402
 import torch.nn.functional as F
 
@@ -113,8 +115,8 @@ def _flash_calls(fn: Callable[[], object]) -> int:
 def time_layer(cap: dict, kernels: dict[str, Callable], repeats: int) -> dict:
     """Median ms of dense SDPA and of each kernel on one capture, interleaved; flash-call counts
     and the largest difference between the kernels' outputs. Also the median CPU time (both
-    threads; with passive OpenMP waits it leaves out time lost to other jobs on a shared machine,
-    so it is the steadier number under load)."""
+    threads; with OpenMP workers that sleep when idle it leaves out time lost to other jobs on a
+    shared machine, so it is the steadier number under load)."""
     q, k, v = cap["q"], cap["k"], cap["v"]
 
     def dense() -> torch.Tensor:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 
 from sketchwalk.cli import flags
@@ -147,12 +146,6 @@ def run_attention(args: argparse.Namespace) -> int:
 
     from sketchwalk.benchmarks.attention import format_table, run_attention_bench
 
-    if args.device == "cpu" and "OMP_WAIT_POLICY" not in os.environ:
-        print(
-            "note: on a shared CPU run with OMP_WAIT_POLICY=passive; with spinning OpenMP workers "
-            "each small parallel op of the sparse path can wait a scheduler tick (~8 ms here)",
-            file=sys.stderr,
-        )
     knobs = config_from_args(args, density=args.density[0])  # each row sets its own density
     machine = _announce_machine(args.device, knobs.score_dtype)
     # One layer is timed: its estimator is the one a layer at --layer-depth of a model runs.

@@ -12,10 +12,11 @@ import importlib
 import os
 import sys
 
-# Idle OpenMP workers must sleep, not spin: with spinning workers on a busy 2-core machine every
-# small parallel torch op waits for a scheduler tick (~8 ms), which dominates sparse attention.
-# It only takes effect if set before torch is imported, hence here, at the entry point.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from sketchwalk.openmp import short_spin_waits
+
+# How idle OpenMP workers wait takes effect only if set before torch is imported, hence here, at
+# the entry point (sketchwalk/openmp.py says why a short spin)
+os.environ.update(short_spin_waits(os.environ))
 
 from sketchwalk.allocator import keep_freed_memory
 from sketchwalk.errors import SketchWalkError

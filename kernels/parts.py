@@ -2,9 +2,10 @@
 
 Why: work made of many short ops (the sparse kernel's flash calls and gathers, the sampled
 estimator's score chunks) keeps the second core idle much of the time when each op is
-parallelised on its own, and with passive OpenMP waits (`OMP_WAIT_POLICY=PASSIVE`, which the
-`sketchwalk` command sets) every op first wakes a sleeping thread. Cutting the work into one part
-per core, each on one thread, keeps both cores busy (docs/notes/speed-log.md has the measurements).
+parallelised on its own, and every op first hands work to (or wakes) the other thread. Cutting
+the work into one part per core, each on one thread, keeps both cores busy; idle OpenMP workers
+must not spin long meanwhile, or a part waits for its core (sketchwalk/openmp.py;
+docs/notes/speed-log.md has the measurements).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """One CPU thread for a decode layer's small ops.
 
-Why: with two intra-op threads and passive OpenMP waits (`OMP_WAIT_POLICY=PASSIVE`, which the
-`sketchwalk` command sets), every op that goes parallel wakes a sleeping thread first; a decode
-layer's sketch, walk, select and kept-block attention are dozens of tiny ops, and a [1, 9, 1, 64]
-matmul took 122 us with two threads against 8 us with one on the project's CPU.
+Why: with two intra-op threads every op that goes parallel hands work to the other thread, and
+where that thread sleeps (passive OpenMP waits, or idle past sketchwalk/openmp.py's short spin)
+wakes it first; a decode layer's sketch, walk, select and kept-block attention are dozens of
+tiny ops, and a [1, 9, 1, 64] matmul took 122 us with two passive threads against 8 us with one
+on the project's CPU.
 """
 
 from __future__ import annotations
