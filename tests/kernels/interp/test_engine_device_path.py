@@ -45,7 +45,7 @@ CONFIGS = {
 # the host reads a selection needs, per sparse layer: its topk's width and its lists' width
 PER_LAYER = {
     ("engine/method/select.py", "selection_from_mask"),
-    ("engine/method/select.py", "group_budget_keep"),
+    ("kernels/take_best.py", "take_best_reference"),  # its topk's width
     ("engine/method/select.py", "row_budget_keep"),
 }
 PER_STEP = {("engine/method/select.py", "of")}  # the tile layout, once per forward step (Tiles.of)

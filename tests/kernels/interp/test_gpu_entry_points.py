@@ -30,7 +30,7 @@ BLOCK = "16"  # 9-10 key blocks: a real selection (density < 1) in the two spars
 # test_engine_device_path.py)
 PER_LAYER = {
     ("engine/method/select.py", "selection_from_mask"),
-    ("engine/method/select.py", "group_budget_keep"),
+    ("kernels/take_best.py", "take_best_reference"),  # its topk's width
     ("engine/method/select.py", "row_budget_keep"),
     ("engine/method/select.py", "of"),
 }

@@ -41,7 +41,7 @@ CONFIGS = {
 }
 SELECTION = {  # a selection's host reads (test_engine_device_path.py says why)
     ("engine/method/select.py", "selection_from_mask"),
-    ("engine/method/select.py", "group_budget_keep"),
+    ("kernels/take_best.py", "take_best_reference"),  # its topk's width
     ("engine/method/select.py", "row_budget_keep"),
     ("engine/method/select.py", "of"),
     ("engine/method/step.py", "of"),  # once a step, where the model hands over a mask (the chunk)
