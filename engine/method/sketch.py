@@ -58,6 +58,12 @@ class SRHT:
         return self.signs.shape[0]
 
     @property
+    def rotation(self) -> bool:
+        """Whether every coordinate is kept (r == m == d): the sketch is then an orthonormal
+        rotation, (S q).(S k) == q.k, and scoring needs no sketched copy of q or k."""
+        return self.keep.shape[0] == self.padded_dim == self.dim
+
+    @property
     def scale(self) -> float:
         """sqrt(m / r): makes E[<Sx, Sy>] = <x, y> when r of m coordinates are kept."""
         return math.sqrt(self.padded_dim / self.keep.shape[0])
@@ -258,7 +264,9 @@ class SketchedBlocks:
 class QueryTokens:
     """Sketched queries [B, H, L, r] at ascending absolute positions pos [L], for the
     token-level estimators; valid [B, L] marks real ones. keys/key_valid: every sketched key
-    [B, Hkv, Lk, r] and its validity [B, Lk] (the "sampled" estimator in a prefill)."""
+    [B, Hkv, Lk, r] and its validity [B, Lk] (the "sampled" estimator in a prefill). Where the
+    sketch is a rotation (SRHT.rotation) and only inner products of queries with keys are read
+    (keys set), both are raw: the same scores without sketching them."""
 
     qs: torch.Tensor
     valid: torch.Tensor

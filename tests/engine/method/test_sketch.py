@@ -207,7 +207,9 @@ def test_token_sketch_pools_then_sketches_queries_and_sketches_only_the_scored_o
 ):
     """sketch_blocks for the token estimators: the same block sums as sketching every token and
     pooling (the sketch is linear; float rounding apart), the scored queries those picked from
-    every sketched query, the keys' sums and squared sums from the sketched keys."""
+    every sketched query, the keys' sums and squared sums from the sketched keys. Where the
+    sketch keeps every coordinate (r >= d here: a rotation) the scored queries and the keys are
+    the raw ones, and their inner products those of the sketched ones."""
     from sketchwalk.engine.method.config import SketchWalkConfig
     from sketchwalk.engine.method.pipeline import QueryTokens, sketch_blocks
     from sketchwalk.engine.method.sketch import block_pool
@@ -225,8 +227,19 @@ def test_token_sketch_pools_then_sketches_queries_and_sketches_only_the_scored_o
     assert torch.allclose(sk.k_sum, block_pool(ks, b, valid)[0], atol=1e-5)
     assert torch.allclose(sk.k_sq, block_pool(ks * ks, b, valid)[0], atol=1e-5)
     want = QueryTokens.sampled(qs, valid, 0, cfg)
-    assert torch.allclose(tokens.qs, want.qs, atol=1e-6) and torch.equal(tokens.pos, want.pos)
-    assert torch.equal(tokens.valid, want.valid) and torch.allclose(tokens.keys, ks, atol=1e-5)
+    assert srht.rotation == (r >= 16)
+    if srht.rotation:
+        raw = QueryTokens.sampled(q, valid, 0, cfg)
+        assert torch.equal(tokens.qs, raw.qs) and torch.equal(tokens.keys, k)
+        scores, sketched = (
+            tokens.qs @ k.repeat_interleave(2, 1).mT,
+            want.qs @ ks.repeat_interleave(2, 1).mT,
+        )
+        assert torch.allclose(scores, sketched, atol=1e-4)
+    else:
+        assert torch.allclose(tokens.qs, want.qs, atol=1e-6)
+        assert torch.allclose(tokens.keys, ks, atol=1e-5)
+    assert torch.equal(tokens.pos, want.pos) and torch.equal(tokens.valid, want.valid)
 
 
 @pytest.mark.parametrize("t,b,offset_pad", [(96, 16, 0), (100, 32, 0), (77, 8, 5)])
