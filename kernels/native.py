@@ -48,7 +48,7 @@ _SIGNATURES = {
     "srht_rows_f32": "p i i i i i i i i p p i f p i i i p p p",
     "block_lists_i32": "p i i i p",
     "take_best_f32": "p p i i i p i p",
-    "absorb_token_f32": "p i i p i i p i i i i i p i i p i i p i i p i p i p",
+    "absorb_token_f32": "p i i p i i p i i i i i p i i p i i p i i p i p i p i i",
 }
 _TYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
 _lock = threading.Lock()

@@ -97,15 +97,17 @@ def stagger_phase(layer: int) -> float:
     return (layer * 0.6180339887498949) % 1.0
 
 
-def _window_push(st: DecodeLayerState, qs: torch.Tensor, w: int, lk: int, b: int) -> None:
-    """Append one sketched query [B, H, 1, r] (position lk - 1) to the window of the last w: a
+def _window_slot(st: DecodeLayerState, like: torch.Tensor, w: int, lk: int, b: int) -> torch.Tensor:
+    """The slot [B, H, r] of the window of the last w sketched queries that the query at position
+    lk - 1 goes to (like: [B, H, *, r], the window's shape), the window already spanning it: a
     buffer of 2w slots that moves its last w - 1 queries to the front once every w + 1 tokens
-    (a cat would copy the whole window every token); the window is the same tensor
-    values in the same order. The window's logit rows (window_logits) move with their slots."""
+    (a cat would copy the whole window every token), so the window is the same values in the
+    same order. The window's logit rows (window_logits) move with their slots. The caller fills
+    the slot (the absorb writes the query's sketch there directly)."""
     buf, end = st.window_buf, st.window_end
     if buf is None:  # first token after a prefill or chunk: take the window over
         have = st.window.shape[2]
-        buf = qs.new_empty(qs.shape[0], qs.shape[1], 2 * max(w, 1), qs.shape[3])
+        buf = like.new_empty(like.shape[0], like.shape[1], 2 * max(w, 1), like.shape[3])
         buf[:, :, :have] = st.window
         st.window_buf, end = buf, have
         st.window_block = [(lk - 1 - have + i) // b for i in range(have)] + [0] * (2 * w - have)
@@ -118,11 +120,10 @@ def _window_push(st: DecodeLayerState, qs: torch.Tensor, w: int, lk: int, b: int
             st.logits_buf[:, :, :, :keep] = st.logits_buf[:, :, :, end - keep : end]
         st.logit_rows = max(st.logit_rows - (end - keep), 0)
         end = keep
-    buf[:, :, end] = qs[:, :, 0]
     st.window_block[end] = (lk - 1) // b
-    end += 1
-    st.window_end = end
-    st.window = buf[:, :, max(end - w, 0) : end]
+    st.window_end = end + 1
+    st.window = buf[:, :, max(end + 1 - w, 0) : end + 1]
+    return buf[:, :, end]
 
 
 def _grow(
@@ -279,14 +280,16 @@ def decode_absorb(
         refresh_rows(st, q.shape[-1], cfg, blocks_of(st) - 1)
     _grow_state(st, cur + 1, estimate=walks)
     sk = st.sketched
+    slot = _window_slot(st, sk.q_sum, cfg.query_window, lk, b)
     if key_valid is None:  # in place on views of the token's block: one C call where it can
         views = (sk.q_sum.select(2, cur), sk.k_sum.select(2, cur))
         views += (None if sk.k_sq is None else sk.k_sq.select(2, cur),)
         views += (sk.q_count.select(1, cur), sk.k_count.select(1, cur))
         q_tok, k_tok = q.select(2, 0), k_new.select(2, 0)
-        qs = kernel("absorb_token", q.device)(q_tok, k_tok, srht.matrix, *views)[:, :, None]
+        kernel("absorb_token", q.device)(q_tok, k_tok, srht.matrix, *views, out=slot)
     else:
         qs, ks = srht(q), srht(k_new)  # [B,H,1,r], [B,Hkv,1,r]
+        slot.copy_(qs[:, :, 0])
         new_valid = key_valid[:, -1:].float()  # [B, 1]
         sk.q_sum[:, :, cur] += qs[:, :, 0] * new_valid[:, :, None]
         sk.k_sum[:, :, cur] += ks[:, :, 0] * new_valid[:, :, None]
@@ -295,9 +298,8 @@ def decode_absorb(
         if sk.k_sq is not None:
             sk.k_sq[:, :, cur] += ks[:, :, 0] ** 2 * new_valid[:, :, None]
     st.est_valid = min(st.est_valid, cur)
-    _window_push(st, qs, cfg.query_window, lk, b)
     st.stale_from = cur if st.stale_from is None else min(st.stale_from, cur)
-    return qs
+    return slot[:, :, None]
 
 
 def refresh_rows(

@@ -45,6 +45,37 @@ def test_c_equals_torch_on_random_shapes(seed):
     assert fast[3][:, cur].tolist() == (slow[3][:, cur]).tolist()
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_sketch_goes_into_a_strided_slot_and_nowhere_else(seed):
+    """out: a slot of the decode window's buffer [B, H, 2w, r] (rows 2w * r apart); C writes
+    the token's sketch there, in place, as the torch twin does, and leaves the other slots."""
+    gen = torch.Generator().manual_seed(seed)
+    bsz, h, hkv, d, r, n = 1 + seed % 2, 6, 2, [64, 16, 48][seed % 3], [64, 8, 32][seed % 3], 5
+    q, k = torch.randn(bsz, h, d, generator=gen), torch.randn(bsz, hkv, d, generator=gen)
+    matrix = torch.randn(d, r, generator=gen)
+    fast = _state(gen, bsz, h, hkv, n, r, squares=seed % 2 == 1)
+    slow = tuple(None if x is None else x.clone() for x in fast)
+    window = torch.randn(bsz, h, 8, r, generator=gen)
+    ref = window.clone()
+    col = int(torch.randint(0, 8, (1,), generator=gen))
+
+    def at(s):
+        sq = None if s[2] is None else s[2][:, :, 2]
+        return s[0][:, :, 2], s[1][:, :, 2], sq, s[3][:, 2], s[4][:, 2]
+
+    got = absorb_token(q, k, matrix, *at(fast), out=window[:, :, col])
+    want = absorb_token_torch(q, k, matrix, *at(slow), out=ref[:, :, col])
+    assert got is not None and got.data_ptr() == window[:, :, col].data_ptr()
+    assert want.data_ptr() == ref[:, :, col].data_ptr()
+    for a, b in zip(fast, slow, strict=True):
+        if a is not None:
+            assert torch.allclose(a, b, atol=1e-4, rtol=1e-5)
+    assert torch.allclose(window, ref, atol=1e-4, rtol=1e-5)
+    others = [c for c in range(8) if c != col]
+    assert torch.equal(window[:, :, others], ref[:, :, others])
+    assert torch.allclose(window[:, :, col], q @ matrix, atol=1e-4, rtol=1e-5)
+
+
 def test_where_c_does_not_apply_nothing_changes(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     q, k, matrix = torch.randn(1, 2, 8), torch.randn(1, 1, 8), torch.randn(8, 8)
