@@ -80,8 +80,8 @@ def sketch_blocks(
     if token_cfg.estimator_spec.needs_keys and srht.rotation:
         # scores alone read them, and a rotation keeps every inner product: the raw queries
         # and keys score the same (sketching the kept queries was ~1.3 ms a layer at 2k)
-        qt = QueryTokens.sampled(q.float(), valid, 0, token_cfg)
-        qt.keys, qt.key_valid = k.float(), valid
+        qt = QueryTokens.sampled(q, valid, 0, token_cfg)
+        qt.qs, qt.keys, qt.key_valid = qt.qs.float(), k.float(), valid  # the kept ones only
         return SketchedBlocks(q_sum, count, k_sum, count.clone(), k_sq), qt
     qt = QueryTokens.sampled(q, valid, 0, token_cfg, srht)
     if token_cfg.estimator_spec.needs_keys:

@@ -410,3 +410,21 @@ def test_decode_sampled_estimate_scores_the_last_window_queries_against_every_ke
                 row = want[bi, hi // 2, hi % 2, 0]
                 row.copy_(torch.maximum(row, mass) if pool == "max" else row + mass / used.shape[2])
     assert torch.allclose(got, want, atol=1e-4 if dtype == "float32" else 1.5e-2)
+
+
+def test_raw_scored_queries_of_a_bfloat16_model_are_float32_and_only_the_kept_ones():
+    """A rotation hands the estimator raw queries: from a bfloat16 model, the kept ones in float32
+    (what the sketch gave before), the keys in float32."""
+    from sketchwalk.engine.method.config import SketchWalkConfig
+    from sketchwalk.engine.method.pipeline import QueryTokens, sketch_blocks
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 64, 16, generator=g).bfloat16()
+    k = torch.randn(1, 2, 64, 16, generator=g).bfloat16()
+    valid = torch.ones(1, 64, dtype=torch.bool)
+    cfg = SketchWalkConfig(block_size=16, estimator="sampled", query_samples=4)
+    _, tokens = sketch_blocks(q, k, make_srht(16, 16, 0, 3), 16, valid, token_cfg=cfg)
+    want = QueryTokens.sampled(q.float(), valid, 0, cfg)
+    assert tokens.qs.dtype == tokens.keys.dtype == torch.float32
+    assert torch.equal(tokens.qs, want.qs) and torch.equal(tokens.keys, k.float())
+    assert tokens.qs.shape[2] == 16  # 4 of every 16 queries
