@@ -267,7 +267,8 @@ def decode_absorb(
 ) -> torch.Tensor:
     """Add one decode token to the sketched sums and the query window; its A_l row goes stale.
 
-    Mutates st in place (it belongs to this sequence); returns the sketched query [B, H, 1, r].
+    Mutates st in place (it belongs to this sequence); returns the sketched query [B, H, 1, r]
+    (a view of its window slot, which later tokens reuse: read it before the next token).
     key_valid None: every key is real (no padding), so the token is added without weighting
     (x * 1.0 == x: the same sums, fewer ops).
     """
