@@ -23,6 +23,7 @@ whatever density that comes to, counted the same way.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Sequence
@@ -495,6 +496,20 @@ def _f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
+@functools.lru_cache(maxsize=1024)
+def _row_budgets(
+    density: float | tuple[float, ...], groups: int, n_cand: int, n_forced: int
+) -> tuple[int, ...]:
+    """row_budget for one row and each group: max(forced, ceil(rate * candidates - 1e-9)) in
+    float32, at most the candidates. Cached: a decode step asks it once a layer, with the same
+    few arguments for a key block's tokens (the list and the float64 tensor were ~8 us)."""
+    rates = [float(density)] * groups if isinstance(density, (int, float)) else None
+    return tuple(
+        min(max(n_forced, math.ceil(_f32(_f32(_f32(d) * n_cand) - _f32(1e-9)))), n_cand)
+        for d in (rates or group_rates(density, groups).tolist())
+    )
+
+
 def decode_row_selection(
     scores: torch.Tensor,
     cur: int,
@@ -519,12 +534,8 @@ def decode_row_selection(
     sink_end = min(start_block + rule.sink_blocks, cur + 1)  # blocks start_block .. sink_end - 1
     win_start = max(cur - rule.window_blocks, start_block)  # blocks win_start .. cur
     n_forced = (sink_end - start_block) + (cur - win_start + 1) - max(sink_end - win_start, 0)
-    # row_budget with one row: ceil(rate * candidates - 1e-9) in float32, rate = density
-    rates = [float(density)] * groups if isinstance(density, (int, float)) else None
-    budgets = [
-        min(max(n_forced, math.ceil(_f32(_f32(_f32(d) * n_cand) - _f32(1e-9)))), n_cand)
-        for d in (rates or group_rates(density, groups).tolist())
-    ]
+    rates = density if isinstance(density, (int, float)) else tuple(density)
+    budgets = _row_budgets(rates, groups, n_cand, n_forced)
     budget = max(budgets)
     ranked = scores.float().clone()
     # forced first (+inf), then non-candidates last (-inf), as row_budget_keep ranks them

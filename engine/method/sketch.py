@@ -224,7 +224,7 @@ def aggregate_heads(probs: torch.Tensor, per_group: bool, pool: str = "mean") ->
     if not per_group:
         agg = agg.unsqueeze(1)
     total = agg.sum(dim=-1, keepdim=True)
-    return torch.where(total > 0, agg / total.clamp(min=1e-30), agg)
+    return agg / total.clamp(min=1e-30)  # masses are >= 0: a zero total has zero rows, kept
 
 
 def key_summary(
