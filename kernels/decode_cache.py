@@ -167,9 +167,9 @@ class Keeper:
     ) -> GatheredKV | None:
         """The gathered K/V for these lists (advanced or gathered anew as needed); None where
         the stateless kernel should run (C reads the rows in place, or `supports` says no)."""
+        lists.check_keys(k.shape[2])
         if decode_attention.applies(q, k, v):  # C reads the listed rows in place: keep nothing
             return None
-        lists.check_keys(k.shape[2])
         if not supports(q, k, lists.groups, lists.seq_start):
             return None
         b = lists.block_size
