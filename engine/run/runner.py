@@ -132,7 +132,9 @@ class LMParts:
         return self.hidden(self.body(ids, use_cache=False))[0].cpu()
 
 
-@torch.no_grad()
+# inference_mode, not no_grad: no version counters or view records on a sparse decode step's
+# many small ops (2048 tokens: ~55 -> ~51 ms a step; dense ~1% faster)
+@torch.inference_mode()
 def greedy(
     model: torch.nn.Module,
     ids: torch.Tensor,
@@ -210,13 +212,13 @@ def _dense_side(
     dense = _dense_greedy(model, ids, max_new, eos, on_token)
     logprobs = dense_logprobs_buffer(parts, ids.shape[1], judge_vocab(dense))
     if logprobs is not None:
-        with torch.no_grad():
+        with torch.inference_mode():
             prompt_logprobs_into(logprobs, parts.logits, dense.prompt_hidden)
     hidden = sparse_prompt.wait(lambda: on_token(max_new))
     return dense, logprobs, _compare(parts, dense, hidden, ids, logprobs, None)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def _compare(
     parts: LMParts,
     dense: Decoded,
@@ -296,7 +298,7 @@ def dense_logprobs_buffer(parts: LMParts, n: int, vocab: int) -> torch.Tensor | 
     return torch.empty(n - 1, vocab, device=device)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def judge_logits(
     parts: LMParts, ids: torch.Tensor, dense: Decoded, new_ids: list[int]
 ) -> torch.Tensor:
@@ -715,7 +717,7 @@ def _token_records(
     return out
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def probe_queries(
     lm: LoadedModel,
     prompt: str,

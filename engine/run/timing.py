@@ -44,7 +44,9 @@ def last_logits_only(model: torch.nn.Module) -> dict:
     return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
 
-@torch.no_grad()
+# inference_mode, not no_grad: no version counters or view records on a sparse decode step's
+# many small ops (2048 tokens: ~55 -> ~51 ms a step; dense ~1% faster)
+@torch.inference_mode()
 def one_pass(
     model: torch.nn.Module,
     ids: torch.Tensor,
