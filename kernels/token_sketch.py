@@ -52,14 +52,14 @@ def absorb_token(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """absorb_token_torch in one C call where it applies (else None: nothing changed)."""
-    sums = [q_sum, k_sum] + ([] if k_sq is None else [k_sq]) + ([] if out is None else [out])
+    bsz, h, d = q.shape
+    r = matrix.shape[1]
+    out = torch.empty(bsz, h, r) if out is None else out
+    sums = [q_sum, k_sum, out] + ([] if k_sq is None else [k_sq])
     if matrix.stride(0) != matrix.shape[1] or not runs_on(q, k, matrix, *sums):
         return None
     if q_count.dtype != torch.float32 or k_count.dtype != torch.float32:
         return None
-    bsz, h, d = q.shape
-    r = matrix.shape[1]
-    out = torch.empty(bsz, h, r) if out is None else out
     sq = (None, 0, 0) if k_sq is None else (k_sq.data_ptr(), *k_sq.stride()[:2])
     library().absorb_token_f32(
         q.data_ptr(), *q.stride()[:2], k.data_ptr(), *k.stride()[:2], matrix.data_ptr(), d, r,

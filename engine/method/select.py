@@ -503,9 +503,10 @@ def _row_budgets(
     """row_budget for one row and each group: max(forced, ceil(rate * candidates - 1e-9)) in
     float32, at most the candidates. Cached: a decode step asks it once a layer, with the same
     few arguments for a key block's tokens (the list and the float64 tensor were ~8 us)."""
+    rates = [float(density)] * groups if isinstance(density, (int, float)) else None
     return tuple(
         min(max(n_forced, math.ceil(_f32(_f32(_f32(d) * n_cand) - _f32(1e-9)))), n_cand)
-        for d in group_rates(density, groups).tolist()
+        for d in (rates or group_rates(density, groups).tolist())
     )
 
 

@@ -132,7 +132,9 @@ class LMParts:
         return self.hidden(self.body(ids, use_cache=False))[0].cpu()
 
 
-@torch.inference_mode()  # not no_grad: engine/run/timing.py one_pass says why
+# inference_mode, not no_grad: no version counters or view records on a sparse decode step's
+# many small ops (2048 tokens: ~55 -> ~51 ms a step; dense ~1% faster)
+@torch.inference_mode()
 def greedy(
     model: torch.nn.Module,
     ids: torch.Tensor,
